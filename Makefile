@@ -1,0 +1,47 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each creates .venv when missing and installs what it needs first.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP_BASE := $(VENV)/.esmjac-base
+STAMP_TEST := $(VENV)/.esmjac-test
+
+.PHONY: demo test goldens bench clean
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+
+$(STAMP_BASE): pyproject.toml | $(VPY)
+	$(VPY) -m pip install -q -e .
+	touch $@
+
+# SUNDIALS headers are needed to build scikits.odes (the `sundials` extra).
+sundials-sys:
+	@if ! dpkg -s libsundials-dev >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    apt-get update -qq && apt-get install -y -qq libsundials-dev; \
+	  else \
+	    echo "libsundials-dev is missing: run 'sudo apt-get install -y libsundials-dev'"; exit 1; \
+	  fi; \
+	fi
+
+$(STAMP_TEST): pyproject.toml | $(VPY) sundials-sys
+	$(VPY) -m pip install -q -e '.[test,sundials]'
+	touch $@
+
+demo: $(STAMP_BASE)
+	$(VPY) -m esmjac demo
+
+test: $(STAMP_TEST)
+	$(VPY) -m pytest -q
+
+# Regenerate our own goldens (explicit; tests never rewrite them).
+goldens: $(STAMP_BASE)
+	$(VPY) -m esmjac goldens --write
+
+bench: $(STAMP_BASE)
+	$(VPY) benchmarks/bench_calculus.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
