@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..errors import JacError
 from ..expr import AGG, Node, free_names, map_children, node, op, substitute
-from .simplify import _ev, _Decline
+from ..evaluate import Decline as _Decline, ev as _ev
 
 __all__ = ["inline_observed", "inlinable_observed", "region_bound", "range_of"]
 

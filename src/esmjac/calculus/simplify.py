@@ -19,125 +19,12 @@ from __future__ import annotations
 
 import math
 
-from ..expr import AGG, Node, is_lit, map_children, node, with_args
+from ..evaluate import Decline as _Decline, ev as _ev
+from ..expr import AGG, Node, is_lit, map_children, with_args
 
 __all__ = ["simplify", "simplify_branches", "canon_lits", "simp", "fold_literal"]
 
 
-class _Decline(Exception):
-    """The literal folder cannot evaluate this node (reference: decline)."""
-
-
-def _num(x) -> float:
-    if not is_lit(x):
-        raise _Decline
-    return float(x)
-
-
-def _ev(e, env: dict) -> float:
-    """Evaluate a closed scalar tree to a float, as the reference evaluator
-    would; raise :class:`_Decline` for anything unbound or out of domain."""
-    if isinstance(e, str):
-        if e in env:
-            return env[e]
-        raise _Decline
-    if is_lit(e):
-        return float(e)
-    if not isinstance(e, Node):
-        raise _Decline
-    o = e.op
-    if o == AGG:
-        return _ev_aggregate(e, env)
-    a = [_ev(x, env) for x in e.args] if o != "ifelse" else None
-    try:
-        if o == "+":
-            return math.fsum(a) if len(a) > 2 else sum(a, 0.0)
-        if o == "*":
-            r = 1.0
-            for x in a:
-                r *= x
-            return r
-        if o == "-":
-            return -a[0] if len(a) == 1 else a[0] - a[1]
-        if o == "neg":
-            return -a[0]
-        if o == "/":
-            if a[1] == 0.0:
-                raise _Decline
-            return a[0] / a[1]
-        if o in ("^", "pow"):
-            r = a[0] ** a[1]
-            if isinstance(r, complex):
-                raise _Decline
-            return float(r)
-        if o == "ifelse":
-            c = _ev(e.args[0], env)
-            return _ev(e.args[1], env) if c != 0.0 else _ev(e.args[2], env)
-        if o in _CMP:
-            return 1.0 if _CMP[o](a[0], a[1]) else 0.0
-        if o == "and":
-            return 1.0 if all(x != 0.0 for x in a) else 0.0
-        if o == "or":
-            return 1.0 if any(x != 0.0 for x in a) else 0.0
-        if o == "not":
-            return 0.0 if a[0] != 0.0 else 1.0
-        if o == "max":
-            return max(a)
-        if o == "min":
-            return min(a)
-        if o in ("pi", "π") and not a:
-            return math.pi
-        if o == "e" and not a:
-            return math.e
-        if o == "atan" and len(a) == 2 or o == "atan2":
-            return math.atan2(a[0], a[1])
-        f = _FUN1.get(o)
-        if f is not None and len(a) == 1:
-            return float(f(a[0]))
-    except (ValueError, OverflowError, ZeroDivisionError):
-        raise _Decline
-    raise _Decline
-
-
-def _ev_aggregate(e: Node, env: dict) -> float:
-    # A closed scalar ``reduce: "+"`` aggregate over literal ranges.
-    if e.attr("output_idx") or e.attr("filter") is not None:
-        raise _Decline
-    if e.attr("reduce") not in (None, "+") or e.attr("semiring") is not None:
-        raise _Decline
-    ranges = e.attr("ranges") or ()
-    names, spans = [], []
-    for name, r in ranges:
-        if not (isinstance(r, tuple) and len(r) == 2 and all(isinstance(x, int) for x in r)):
-            raise _Decline
-        names.append(name)
-        spans.append(range(r[0], r[1] + 1))
-    import itertools
-    total = 0.0
-    for pt in itertools.product(*spans):
-        env2 = dict(env)
-        env2.update(zip(names, (float(x) for x in pt)))
-        total += _ev(e.body, env2)
-    return total
-
-
-def _sign(x):
-    return (x > 0) - (x < 0)
-
-
-_FUN1 = {
-    "exp": math.exp, "log": math.log, "log10": math.log10, "sqrt": math.sqrt,
-    "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin,
-    "acos": math.acos, "atan": math.atan, "sinh": math.sinh, "cosh": math.cosh,
-    "tanh": math.tanh, "asinh": math.asinh, "acosh": math.acosh,
-    "atanh": math.atanh, "abs": abs, "sign": _sign, "floor": math.floor,
-    "ceil": math.ceil,
-}
-_CMP = {
-    "<": lambda x, y: x < y, "<=": lambda x, y: x <= y,
-    ">": lambda x, y: x > y, ">=": lambda x, y: x >= y,
-    "==": lambda x, y: x == y, "!=": lambda x, y: x != y,
-}
 # Ops whose all-literal form is not a foldable scalar (arrays, references).
 _NO_FOLD = {"const", "makearray", "index", "apply_expression_template", "fn",
             "enum", "Pre", "D", "grad", "div", "laplacian", "integral",
