@@ -98,6 +98,12 @@ def resolve_point(view: SystemView, u: dict | None, p: dict | None, t: float,
             src = var.default
         if src is None:
             raise JacError("bad_argument", f"`{view.scope}{n}` has no default or initial value; pass it explicitly")
+        if isinstance(src, (list, tuple)):       # a per-element default array
+            arr = np.asarray(src, dtype=float)
+            if arr.shape != var.shape:
+                raise JacError("bad_argument", f"default of `{n}` has shape {arr.shape}, not {var.shape}")
+            values[n] = arr.copy()
+            continue
         try:
             values[n] = _fill(view, n, from_ast(src) if not isinstance(src, (int, float, Node, str)) else src, var.shape)
         except Decline as exc:

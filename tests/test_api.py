@@ -1,0 +1,142 @@
+"""The public surface: loading forms, model choice, assemble() names and
+values (against earthsci_ast.evaluate_rhs), wrt=parameters/time, depth."""
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import earthsci_ast as ea
+from docs import chem
+from esmjac.bandset import BandSet
+from esmjac.errors import JacError
+from esmjac.oracle import assemble
+
+
+def _rhs(doc, state, t, params):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ea.evaluate_rhs(ea.load_document(doc), state, t, params)
+
+
+def test_all_input_forms_agree(tmp_path):
+    d = chem()
+    p = tmp_path / "m.esm"
+    p.write_text(json.dumps(d))
+    f = ea.load_document(d)
+    forms = [d, json.dumps(d), str(p), p, f, ea.flatten(f)]
+    outs = [BandSet.build(x) for x in forms]
+    # the flattened view is scoped ("M.A"); the others use the model's names
+    assert len({o.entries_json() for o in outs[:5]}) == 1
+    assert outs[5].entries_json() == outs[0].entries_json().replace('"A"', '"M.A"').replace(
+        '"B"', '"M.B"').replace('"k1"', '"M.k1"').replace('"k2"', '"M.k2"')
+
+
+def test_model_selection():
+    d = chem()
+    d["models"]["Other"] = copy.deepcopy(d["models"]["M"])
+    with pytest.raises(JacError) as ei:
+        BandSet.build(d)
+    assert ei.value.code == "ambiguous_model"
+    assert len(BandSet.build(d, model="Other").entries) == 4
+    with pytest.raises(JacError) as ei:
+        BandSet.build(d, model="Nope")
+    assert ei.value.code == "model_not_found"
+
+
+def test_load_errors_are_typed(tmp_path):
+    with pytest.raises(JacError) as ei:
+        BandSet.build(tmp_path / "missing.esm")
+    assert ei.value.code == "load_error"
+    with pytest.raises(JacError) as ei:
+        BandSet.build({"esm": "1.1.0", "models": {"M": {"variables": 3}}})
+    assert ei.value.code == "load_error"
+
+
+def test_assemble_names_and_values_match_evaluate_rhs():
+    d = chem()
+    u = {"M.A[1]": 0.7, "M.A[2]": 0.2, "M.B[3]": 0.9}
+    a = assemble(d, u=u, p={"M.k2": 1.5}, t=0.0)
+    keys = list(_rhs(d, {}, 0.0, {}).keys())
+    assert a.rows == keys and a.cols == keys
+    # hand derivation: dA/dB[i] = 2 k2 B[i]; dB/dA[i] = k1
+    J = a.matrix.toarray()
+    assert J[keys.index("M.A[3]"), keys.index("M.B[3]")] == pytest.approx(2 * 1.5 * 0.9)
+    assert J[keys.index("M.B[1]"), keys.index("M.A[1]")] == pytest.approx(0.3)
+    assert J[keys.index("M.A[1]"), keys.index("M.B[2]")] == 0.0
+    assert a.matrix.nnz == 12
+    # bare names are accepted too, unknown names are refused
+    b = assemble(d, u={"A[1]": 0.7, "A[2]": 0.2, "B[3]": 0.9}, p={"k2": 1.5})
+    assert (b.matrix != a.matrix).nnz == 0
+    with pytest.raises(JacError) as ei:
+        assemble(d, u={"M.C[1]": 1.0})
+    assert ei.value.code == "bad_argument"
+
+
+def test_structural_zeros_are_kept():
+    a = assemble(chem(), u={"M.B": 0.0})
+    # dA/dB = 2 k2 B and dB/dB = -4 k2 B vanish at B = 0 but stay stored
+    assert a.matrix.nnz == 12 and (a.matrix.data == 0).sum() == 6
+
+
+def test_wrt_parameters_against_differences():
+    d = chem()
+    base = {"M.k1": 0.3, "M.k2": 2.0}
+    a = assemble(d, wrt="parameters", u={"M.A": 0.8, "M.B": 0.4})
+    assert a.cols == ["M.k1", "M.k2"]
+    state = {"M.A": 0.8, "M.B": 0.4}
+    rows = a.rows
+    for j, k in enumerate(a.cols):
+        h = 1e-6
+        up = dict(base, **{k: base[k] + h})
+        dn = dict(base, **{k: base[k] - h})
+        fp, fm = _rhs(d, state, 0.0, up), _rhs(d, state, 0.0, dn)
+        fd = np.array([(fp[r] - fm[r]) / (2 * h) for r in rows])
+        np.testing.assert_allclose(a.matrix.toarray()[:, j], fd, rtol=1e-6, atol=1e-9)
+
+
+def test_wrt_time_against_differences():
+    d = chem()
+    body = d["models"]["M"]["equations"][0]["rhs"]["expr"]
+    body["args"].append({"op": "*", "args": [{"op": "sin", "args": [{"op": "*", "args": [3, "t"]}]},
+                                             {"op": "index", "args": ["A", "i"]}]})
+    t = 0.4
+    a = assemble(d, wrt="time", t=t)
+    assert a.cols == ["t"]
+    fp, fm = _rhs(d, {}, t + 1e-6, {}), _rhs(d, {}, t - 1e-6, {})
+    fd = np.array([(fp[r] - fm[r]) / 2e-6 for r in a.rows])
+    np.testing.assert_allclose(a.matrix.toarray()[:, 0], fd, rtol=1e-6, atol=1e-9)
+
+
+def test_deep_expression_trees_do_not_hit_the_recursion_limit():
+    d = chem(cells=2)
+    term = {"op": "index", "args": ["A", "i"]}
+    e = term
+    for k in range(1000):        # a 1000-level left-nested binary sum
+        e = {"op": "+", "args": [e, {"op": "*", "args": [1e-4, term]}]}
+    d["models"]["M"]["equations"][0]["rhs"]["expr"] = e
+    bs = BandSet.build(d)
+    a = assemble(bs, u={"M.A": 1.0})
+    J = a.matrix.toarray()
+    assert J[0, 0] == pytest.approx(1 + 1000 * 1e-4)
+
+
+@pytest.mark.parametrize("mutate,code", [
+    (lambda b: b.update(reduce="max", ranges={"i": {"from": "cell"}, "j": [1, 2]}), "underivable_operator"),
+    (lambda b: b.update(filter={"op": ">", "args": ["i", 1]}), "underivable_operator"),
+])
+def test_document_level_refusals(mutate, code):
+    d = chem()
+    mutate(d["models"]["M"]["equations"][0]["rhs"])
+    with pytest.raises(JacError) as ei:
+        BandSet.build(d)
+    assert ei.value.code == code
+
+
+def test_bad_wrt():
+    with pytest.raises(JacError) as ei:
+        BandSet.build(chem(), wrt="state")
+    assert ei.value.code == "bad_option"
