@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .bandset import BandSet
 from .errors import CODES, JacError
+from .oracle import Assembled, assemble
 
-__all__ = ["BandSet", "JacError", "CODES", "__version__"]
+__all__ = ["BandSet", "JacError", "CODES", "assemble", "Assembled", "__version__"]
 __version__ = "0.1.0"
