@@ -140,3 +140,51 @@ def test_bad_wrt():
     with pytest.raises(JacError) as ei:
         BandSet.build(chem(), wrt="state")
     assert ei.value.code == "bad_option"
+
+
+def _one_state(rhs_body):
+    return {"esm": "1.1.0", "metadata": {"name": "Neg"},
+            "index_sets": {"x": {"kind": "interval", "size": 3}},
+            "models": {"M": {"variables": {
+                "q": {"type": "unknown", "shape": ["x"], "default": 0.5},
+                "b": {"type": "unknown", "shape": ["x"], "default": 0.25},
+                "c": {"type": "unknown", "shape": ["x"], "default": 0.75}},
+                "equations": [
+                    {"lhs": {"op": "D", "args": ["q"], "wrt": "t"}, "rhs": rhs_body},
+                    {"lhs": {"op": "D", "args": ["b"], "wrt": "t"}, "rhs": {"op": "*", "args": [0, "b"]}},
+                    {"lhs": {"op": "D", "args": ["c"], "wrt": "t"}, "rhs": {"op": "*", "args": [0, "c"]}}]}}}
+
+
+@pytest.mark.parametrize("body", [
+    {"op": "-", "args": ["q"]},                                   # array-level unary minus
+    {"op": "-", "args": [{"op": "*", "args": [2, "q"]}]},
+    {"op": "-", "args": ["q", "b", "c"]},                         # n-ary minus
+    {"op": "faq", "output_idx": ["i"], "args": [], "ranges": {"i": {"from": "x"}},
+     "expr": {"op": "-", "args": [{"op": "index", "args": ["q", "i"]}, {"op": "index", "args": ["b", "i"]},
+                                  {"op": "index", "args": ["c", "i"]}]}},
+])
+def test_minus_signs_match_finite_differences(body):
+    # Regression: the reference drops an array-level unary minus and every
+    # operand past the second of an n-ary minus (a silently wrong matrix).
+    from esmjac.check import fd_check
+    rep = fd_check(_one_state(body), points=1)
+    assert rep.ok and not rep.uncovered, rep.summary()
+
+
+def test_check_on_a_model_without_states_is_not_a_crash():
+    from esmjac.check import fd_check
+    d = {"esm": "1.1.0", "metadata": {"name": "Obs"}, "models": {"M": {"variables": {
+        "y": {"type": "unknown"}, "k": {"type": "parameter", "default": 2.0}},
+        "equations": [{"lhs": "y", "rhs": {"op": "*", "args": ["k", 3]}}]}}}
+    rep = fd_check(d, points=1)
+    assert rep.n_states == 0 and rep.ok
+
+
+def test_states_without_defaults_can_be_given_explicitly():
+    d = chem()
+    del d["models"]["M"]["variables"]["A"]["default"]
+    with pytest.raises(JacError) as ei:
+        assemble(d)
+    assert ei.value.code == "bad_argument"
+    a = assemble(d, u={"M.A": 0.4})
+    assert a.matrix.nnz == 12

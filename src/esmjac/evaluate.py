@@ -77,7 +77,12 @@ def ev(e, env: dict, index_fn=None) -> float:
                 r *= x
             return r
         if o == "-":
-            return -a[0] if len(a) == 1 else a[0] - a[1]
+            if len(a) == 1:
+                return -a[0]
+            r = a[0]
+            for x in a[1:]:
+                r -= x
+            return r
         if o == "neg":
             return -a[0]
         if o == "/":

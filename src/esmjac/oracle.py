@@ -96,8 +96,9 @@ def resolve_point(view: SystemView, u: dict | None, p: dict | None, t: float,
         src = ics.get(n) if var.kind != "parameter" else None
         if src is None:
             src = var.default
-        if src is None:
-            raise JacError("bad_argument", f"`{view.scope}{n}` has no default or initial value; pass it explicitly")
+        if src is None:         # must then be given in full by u / p
+            values[n] = np.full(var.shape, np.nan) if var.shape else math.nan
+            continue
         if isinstance(src, (list, tuple)):       # a per-element default array
             arr = np.asarray(src, dtype=float)
             if arr.shape != var.shape:
@@ -106,11 +107,15 @@ def resolve_point(view: SystemView, u: dict | None, p: dict | None, t: float,
             continue
         try:
             values[n] = _fill(view, n, from_ast(src) if not isinstance(src, (int, float, Node, str)) else src, var.shape)
-        except Decline as exc:
-            raise JacError("evaluation_error", f"cannot evaluate the default of `{n}`: {exc}")
+        except Decline:         # an expression default: must be given by u / p
+            values[n] = np.full(var.shape, np.nan) if var.shape else math.nan
     for overrides in (u or {}), (p or {}):
         for key, val in overrides.items():
             _apply(view, values, key, val)
+    for n, v in values.items():
+        if np.isnan(v).any():
+            raise JacError("bad_argument",
+                           f"`{view.scope}{n}` has no usable default or initial value; pass it in u/p")
     return Point(values, float(t))
 
 

@@ -129,9 +129,15 @@ def _array(out, e, v, ctx, shape_u, scale) -> None:
         for x in e.args:
             _array(out, x, v, ctx, shape_u, scale)
     elif o == "-":
-        _array(out, e.args[0], v, ctx, shape_u, scale)
-        if len(e.args) == 2:
-            _array(out, e.args[1], v, ctx, shape_u, scale + (-1,))
+        # Unary minus negates; n-ary minus is a0 - a1 - a2 - ... (the
+        # reference drops the sign of a unary minus here, and every operand
+        # past the second: both silently wrong).
+        if len(e.args) == 1:
+            _array(out, e.args[0], v, ctx, shape_u, scale + (-1,))
+        else:
+            _array(out, e.args[0], v, ctx, shape_u, scale)
+            for x in e.args[1:]:
+                _array(out, x, v, ctx, shape_u, scale + (-1,))
     elif o == "neg":
         _array(out, e.args[0], v, ctx, shape_u, scale + (-1,))
     elif o == "*":

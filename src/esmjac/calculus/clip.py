@@ -48,11 +48,17 @@ def _affine(e, name: str):
     if e.op == "-" and len(a) == 1:
         t = _affine(a[0], name)
         return None if t is None else (-t[0], -t[1])
-    if e.op == "-" and len(a) == 2:
-        t1, t2 = _affine(a[0], name), _affine(a[1], name)
-        if t1 is None or t2 is None:
+    if e.op == "-" and len(a) >= 2:
+        t = _affine(a[0], name)
+        if t is None:
             return None
-        return t1[0] - t2[0], t1[1] - t2[1]
+        al, be = t
+        for x in a[1:]:
+            u = _affine(x, name)
+            if u is None:
+                return None
+            al, be = al - u[0], be - u[1]
+        return al, be
     if e.op == "*":
         al, be = 0, 1
         for x in a:

@@ -131,7 +131,9 @@ def _d(e, s: Site, memo: dict):
     if o == "+":
         return add(*(d(x) for x in a))
     if o == "-":
-        return neg(d(a[0])) if len(a) == 1 else add(d(a[0]), neg(d(a[1])))
+        if len(a) == 1:
+            return neg(d(a[0]))
+        return add(d(a[0]), *(neg(d(x)) for x in a[1:]))   # a0 - a1 - a2 - …
     if o == "neg":
         return neg(d(a[0]))
     if o == "*":
