@@ -172,3 +172,12 @@ def test_no_log_of_base_for_constant_exponent():
     d = simp(dscalar(from_wire({"op": "^", "args": ["x", 3]}), Site("x")))
     assert "log" not in repr(d)
     assert math.isclose(ev(d, {"x": 2.0}), 12.0)
+
+
+def test_same_condition_is_pruned_along_a_path():
+    from esmjac.calculus.simplify import simplify_branches
+    c = {"op": ">", "args": ["x", 0]}
+    inner = {"op": "ifelse", "args": [c, "a", "b"]}
+    w = {"op": "ifelse", "args": [c, {"op": "+", "args": [inner, 1]}, {"op": "*", "args": [inner, 2]}]}
+    want = {"op": "ifelse", "args": [c, {"op": "+", "args": ["a", 1]}, {"op": "*", "args": ["b", 2]}]}
+    assert simplify_branches(from_wire(w)) is from_wire(want)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ..evaluate import Decline as _Decline, ev as _ev
-from ..expr import AGG, Node, is_lit, map_children, with_args
+from ..expr import AGG, Node, is_lit, map_children, node, with_args
 
 __all__ = ["simplify", "simplify_branches", "canon_lits", "simp", "fold_literal"]
 
@@ -86,7 +86,7 @@ def _simplify_node(e: Node):
             return 0.0
         if len(nz) == 1:
             return nz[0]
-        return e if len(nz) == len(args) else _with_args(e, nz)
+        return e if len(nz) == len(args) else with_args(e, nz)
     if o == "*":
         if any(_is_val(a, 0.0) for a in args):
             return 0.0
@@ -95,7 +95,7 @@ def _simplify_node(e: Node):
             return 1.0
         if len(no) == 1:
             return no[0]
-        return e if len(no) == len(args) else _with_args(e, no)
+        return e if len(no) == len(args) else with_args(e, no)
     if o == "^" and len(args) == 2:
         b, x = args
         if _is_val(x, 0.0):
@@ -116,10 +116,6 @@ def _simplify_node(e: Node):
             return 0.0
         return e
     return e
-
-
-def _with_args(e: Node, args) -> Node:
-    return with_args(e, args)
 
 
 # ── branch-aware pass ──────────────────────────────────────────────────────
