@@ -1,4 +1,4 @@
-"""``esmjac`` command line: bands, block, check, demo."""
+"""``esmjac`` command line: bands, block, check, demo, adapters."""
 from __future__ import annotations
 
 import argparse
@@ -75,6 +75,19 @@ def cmd_demo(args) -> int:
     return 0 if rep.ok else 1
 
 
+def cmd_adapters(args) -> int:
+    """Table of installed solver adapters (no solver package is imported)."""
+    from .plugins import adapter_infos
+
+    head = ("name", "version", "available", "provides", "detail")
+    rows = [(i.name, i.version or "-", "yes" if i.available else "no",
+             ", ".join(i.provides), i.detail) for i in adapter_infos()]
+    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(4)]
+    for r in [head, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+    return 0
+
+
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(prog="esmjac", description="Exact analytical Jacobians for .esm models")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -93,6 +106,8 @@ def main(argv: list | None = None) -> int:
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("demo", help="build, verify and summarise the bundled example model")
     p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("adapters", help="list the installed solver adapters and the kinds they provide")
+    p.set_defaults(fn=cmd_adapters)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -227,6 +227,9 @@ def column_names(bs: BandSet) -> list:
         return ["t"]
     if bs.wrt == "parameters":
         return element_names(view, [n for n, v in view.variables.items() if v.kind == "parameter"])
+    if bs.wrt == "forcing":
+        return element_names(view, [n for n, v in view.variables.items()
+                                     if v.kind == "parameter" and v.shape])
     return element_names(view, ode_states(view))
 
 

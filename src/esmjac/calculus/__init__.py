@@ -19,7 +19,7 @@ from .inline import inline_observed, inlinable_observed
 
 __all__ = ["JacEntry", "Band", "Ctx", "jacobian_bands", "context", "WRT"]
 
-WRT = ("states", "parameters", "time")
+WRT = ("states", "parameters", "forcing", "time")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ def context(view: SystemView) -> Ctx:
 def targets_of(view: SystemView, wrt: str) -> list:
     if wrt == "time":
         return ["t"]
+    if wrt == "forcing":
+        return [n for n in view.parameters if view.shape(n)]
     if wrt == "states":
         return view.states
     if wrt == "parameters":

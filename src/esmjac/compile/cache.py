@@ -1,0 +1,57 @@
+"""The on-disk kernel cache: generated modules stored by content hash.
+
+Numba cannot cache functions compiled from ``exec``'d strings, so each
+generated module is written once to ``<cache>/k<sha256>.py`` and imported
+from there; ``cache=True`` then keeps Numba's compiled code beside it. The
+hash covers the generated source (which spells out model, layout and
+dtype-independent code) and the esmjac and Numba versions. The folder is
+``$ESMJAC_CACHE_DIR``, else ``~/.cache/esmjac``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["cache_dir", "content_hash", "load_source"]
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("ESMJAC_CACHE_DIR")
+    p = Path(d) if d else Path.home() / ".cache" / "esmjac"
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def content_hash(*parts: str) -> str:
+    import numba
+
+    from .. import __version__
+    h = hashlib.sha256()
+    for s in (__version__, numba.__version__, *parts):
+        h.update(s.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def load_source(source: str, key: str | None = None):
+    """Import ``source`` as a module stored under its content hash."""
+    key = key or content_hash(source)
+    modname = f"esmjac_k{key[:40]}"
+    mod = sys.modules.get(modname)
+    if mod is not None:
+        return mod
+    path = cache_dir() / f"k{key[:40]}.py"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(source)
+        os.replace(tmp, path)          # atomic: concurrent builders agree
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = mod
+    spec.loader.exec_module(mod)
+    return mod

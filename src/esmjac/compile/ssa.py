@@ -1,0 +1,273 @@
+"""Straight-line SSA of scalar expressions over one evaluation point.
+
+A :class:`Block` holds instructions ``(op, args)``; ``args`` are value ids,
+except for the immediates of leaves (constants, loads). Structurally equal
+subexpressions are one value (the expression nodes are hash-consed, so the
+memo is by identity). *Uniform* subexpressions (no index name, no state or
+forcing read: only scalar parameters, ``t`` and literals) are not computed
+per point: they go to the program-wide prologue block and are read back as
+``hoist(j)``, so parameter-only terms cost once per call.
+
+Leaves: ``const(x)``, ``param(j)``, ``time()``, ``idx(d)`` (value of box
+dimension ``d``; for cell lanes the cell index), ``lane(src, s)`` (the
+lane-local read ``src[s*L + l]``, ``src`` ∈ ``u``/``f``), ``gload(src, base,
+sizes, strides, *index value ids)`` (a clamped read of a flat array at an
+index computed per point), ``hoist(j)``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+from ..errors import JacError
+from ..expr import AGG, Node, free_names, is_lit, substitute
+
+__all__ = ["Block", "Lowering", "UNARY", "BINARY"]
+
+UNARY = {"exp", "log", "log10", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan",
+         "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "abs", "sign", "floor", "ceil",
+         "neg", "not"}
+BINARY = {"+", "*", "-", "/", "pow", "<", "<=", ">", ">=", "==", "!=", "and", "or",
+          "min", "max", "atan2"}
+MAX_UNROLL = 20000
+
+
+class Block:
+    """An instruction list with value numbering (see module docstring)."""
+
+    def __init__(self):
+        self.ins: list = []
+        self._memo: dict = {}
+
+    def emit(self, op: str, *args) -> int:
+        key = (op, args)
+        v = self._memo.get(key)
+        if v is None:
+            v = len(self.ins)
+            self.ins.append((op, args))
+            self._memo[key] = v
+        return v
+
+    def __len__(self) -> int:
+        return len(self.ins)
+
+
+class Lowering:
+    """Lowers expressions of one program into a uniform prologue block and
+    per-chunk point blocks.
+
+    ``sources`` maps an array name to ``(src, index, shape)``: ``src`` is
+    ``"u"`` (states) or ``"f"`` (forcing), ``index`` its species/field
+    number (cell lanes) or flat base (global lanes). ``params`` maps scalar
+    parameter names to positions in ``p``; ``scalars`` maps scalar states to
+    flat positions in ``u`` (global lanes only).
+    """
+
+    def __init__(self, kind: str, sources: dict, params: dict, scalars: dict,
+                 cell_dims: tuple = ()):
+        self.kind = kind
+        self.sources = sources
+        self.params = params
+        self.scalars = scalars
+        self.cell_dims = cell_dims
+        self.prologue = Block()
+        self._pmemo: dict = {}
+        self.uniform_names = frozenset(params) | {"t"}
+
+    # -- uniform (prologue) values -------------------------------------------
+    def _is_uniform(self, e) -> bool:
+        if isinstance(e, str):
+            return e in self.uniform_names
+        if not isinstance(e, Node):
+            return True
+        if e.op == "index":
+            return False
+        names = free_names(e)
+        if e.op == AGG:          # bound names are not free here
+            bound = {n for n, _ in (e.attr("ranges") or ())}
+            names = names - bound
+            if bound & free_names(e.body) and _reads_index(e.body):
+                return False
+        return names <= self.uniform_names
+
+    def uniform(self, e) -> int:
+        """Prologue value of a uniform expression."""
+        key = e if isinstance(e, Node) else ("leaf", e)
+        v = self._pmemo.get(key)
+        if v is None:
+            v = self._lower(self.prologue, e, {}, uniform_block=True)
+            self._pmemo[key] = v
+        return v
+
+    # -- point values ------------------------------------------------------------
+    def point(self, blk: Block, e, dims: dict) -> int:
+        """Value of ``e`` at a point of a box whose dimension names are
+        ``dims`` (name → position)."""
+        return self._lower(blk, e, dims, uniform_block=False)
+
+    def _lower(self, blk: Block, e, dims: dict, uniform_block: bool) -> int:
+        memo: dict = {}
+        stack = [(e, False)]
+        while stack:
+            x, ready = stack.pop()
+            if not isinstance(x, Node):
+                memo[("leaf", x)] = self._leaf(blk, x, dims, uniform_block)
+                continue
+            if x in memo:
+                continue
+            if not uniform_block and self._is_uniform(x):
+                memo[x] = blk.emit("hoist", self.uniform(x))
+                continue
+            if x.op in ("index", AGG):
+                memo[x] = self._special(blk, x, dims, uniform_block)
+                continue
+            kids = list(x.args)
+            if not ready:
+                stack.append((x, True))
+                stack.extend((k, False) for k in kids if (k if isinstance(k, Node) else ("leaf", k)) not in memo)
+                continue
+            vals = [memo[k if isinstance(k, Node) else ("leaf", k)] for k in kids]
+            memo[x] = self._op(blk, x, vals)
+        return memo[e if isinstance(e, Node) else ("leaf", e)]
+
+    def _leaf(self, blk: Block, x, dims: dict, uniform_block: bool) -> int:
+        if is_lit(x):
+            return blk.emit("const", float(x))
+        if isinstance(x, str):
+            if x in dims:
+                return blk.emit("idx", dims[x])
+            if x in self.params:
+                return blk.emit("param", self.params[x]) if uniform_block else \
+                    blk.emit("hoist", self.uniform(x))
+            if x == "t":
+                return blk.emit("time") if uniform_block else blk.emit("hoist", self.uniform(x))
+            if x in self.scalars and not uniform_block:
+                return blk.emit("gload", "u", self.scalars[x], (), ())
+            raise JacError("unsupported_construct", f"`{x}` has no value in the compiled program")
+        raise JacError("unsupported_construct", f"cannot compile the leaf {x!r}")
+
+    def _op(self, blk: Block, x: Node, vals: list) -> int:
+        o = x.op
+        if o == "+":
+            return _fold(blk, "+", vals) if vals else blk.emit("const", 0.0)
+        if o == "*":
+            return _fold(blk, "*", vals) if vals else blk.emit("const", 1.0)
+        if o in ("-", "neg"):
+            if len(vals) == 1:
+                return blk.emit("neg", vals[0])
+            return _fold(blk, "-", vals)
+        if o in ("^", "pow"):
+            return blk.emit("pow", *vals)
+        if o == "ifelse":
+            return blk.emit("select", *vals)
+        if o in ("min", "max") and len(vals) >= 1:
+            return _fold(blk, o, vals)
+        if o in ("and", "or") and len(vals) >= 1:
+            return _fold(blk, o, vals)
+        if o == "atan" and len(vals) == 2:
+            return blk.emit("atan2", *vals)
+        if o in UNARY and len(vals) == 1:
+            return blk.emit(o, vals[0])
+        if o in BINARY and len(vals) == 2:
+            return blk.emit(o, *vals)
+        if o in ("pi", "π") and not vals:
+            return blk.emit("const", math.pi)
+        if o == "e" and not vals:
+            return blk.emit("const", math.e)
+        if o == "fn":
+            raise JacError("unsupported_construct",
+                           f"closed function `{x.attr('name')}` is not compiled yet")
+        raise JacError("unsupported_construct", f"operator `{o}` is not compiled")
+
+    def _special(self, blk: Block, x: Node, dims: dict, uniform_block: bool) -> int:
+        if x.op == AGG:
+            return self._sum(blk, x, dims, uniform_block)
+        head, args = x.args[0], x.args[1:]
+        if isinstance(head, Node) and head.op == "const":
+            v = head.attr("value")
+            if not all(is_lit(a) for a in args):
+                flat, shape = _table(v)
+                if len(flat) > 4096:
+                    raise JacError("unsupported_construct", "a data table of more than 4096 entries read "
+                                   "at a computed index is not compiled")
+                ivals = tuple(self._lower(blk, a, dims, uniform_block) for a in args)
+                return blk.emit("table", flat, shape, *ivals)
+            for a in args:
+                v = v[int(a) - 1]
+            return blk.emit("const", float(v))
+        src = self.sources.get(head) if isinstance(head, str) else None
+        if src is None or uniform_block:
+            raise JacError("unsupported_construct", f"cannot compile the read {x!r}")
+        kind, where, shape = src
+        if len(args) != len(shape):
+            raise JacError("unsupported_construct", f"`{head}` read with {len(args)} indices; shape {shape}")
+        if self.kind == "cell":
+            if tuple(args) != tuple(self.cell_dims):
+                raise JacError("unsupported_construct", f"non-local read {x!r} in a cell-lane program")
+            return blk.emit("lane", kind, where)
+        ivals = tuple(self._lower(blk, a, dims, False) for a in args)
+        strides = []
+        acc = 1
+        for n in reversed(shape):
+            strides.append(acc)
+            acc *= n
+        return blk.emit("gload", kind, where, tuple(shape), tuple(reversed(strides)), *ivals)
+
+    def _sum(self, blk: Block, x: Node, dims: dict, uniform_block: bool) -> int:
+        if x.attr("output_idx") or x.attr("filter") is not None or \
+                x.attr("reduce") not in (None, "+") or x.attr("semiring") not in (None, "sum_product"):
+            raise JacError("unsupported_construct", "only closed `+` reductions are compiled inside a scalar")
+        names, spans = [], []
+        for n, r in x.attr("ranges") or ():
+            if not (isinstance(r, tuple) and len(r) == 2 and all(isinstance(v, int) for v in r)):
+                raise JacError("unsupported_construct", "a reduction over a non-literal range")
+            names.append(n)
+            spans.append(range(r[0], r[1] + 1))
+        total = 1
+        for s in spans:
+            total *= len(s)
+        if total > MAX_UNROLL:
+            raise JacError("unsupported_construct",
+                           f"a reduction over {total} points is too large to unroll (limit {MAX_UNROLL})")
+        terms = [self._lower(blk, substitute(x.body, dict(zip(names, pt))), dims, uniform_block)
+                 for pt in itertools.product(*spans)]
+        return _fold(blk, "+", terms) if terms else blk.emit("const", 0.0)
+
+
+def _table(v) -> tuple:
+    """Row-major flat values and shape of a nested literal table."""
+    shape = []
+    x = v
+    while isinstance(x, (list, tuple)):
+        shape.append(len(x))
+        x = x[0] if x else 0.0
+    flat: list = []
+
+    def go(y):
+        if isinstance(y, (list, tuple)):
+            for z in y:
+                go(z)
+        else:
+            flat.append(float(y))
+    go(v)
+    return tuple(flat), tuple(shape)
+
+
+def _fold(blk: Block, o: str, vals: list) -> int:
+    acc = vals[0]
+    for v in vals[1:]:
+        acc = blk.emit(o, acc, v)
+    return acc
+
+
+def _reads_index(e) -> bool:
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Node):
+            if x.op == "index":
+                return True
+            stack.extend(x.args)
+            if x.body is not None:
+                stack.append(x.body)
+    return False

@@ -1,0 +1,303 @@
+"""Lane-parallel sparse LU without pivoting over a fixed pattern (KPP style).
+
+Many independent small systems (one per grid cell, a *lane*) share one
+sparsity pattern. The pattern — already closed under no-pivoting fill-in and
+already in elimination order (see :func:`esmjac.factorization.block_lu_plan`)
+— is turned once, at construction, into flat integer op lists: for each
+pivot the multiplier slots and the rank-one updates, and for the triangular
+solves the off-diagonal products row by row. The numeric kernels then run
+these lists as straight-line code with no symbolic work, exactly like KPP's
+generated ``KppDecomp``/``KppSolve``, except that every op is applied to a
+contiguous run of lanes.
+
+Storage ("LaneSparseBlocks"): slot ``q`` (the index of ``(r, c)`` in the
+pattern) of lane ``l`` is ``A[q*L + l]``; right-hand sides are ``b[i*L + l]``.
+Lanes are fastest, so each op is a unit-stride loop the compiler vectorises.
+
+Why no pivoting: the matrices this serves are Rosenbrock iteration matrices
+``I/(hγ) − J`` of chemical kinetics, which are strongly diagonally weighted
+for the step sizes that matter; pivoting would make the pattern data
+dependent and forbid the precomputed op lists. A zero (or NaN) pivot is
+therefore reported, never silently turned into ``inf``.
+
+Parallelism and determinism: lanes are cut into fixed-size chunks
+(independent of the thread count) and ``prange`` runs over chunks. Each lane
+sees the same sequence of floating-point operations whichever thread takes
+its chunk and however many threads exist, so results are bitwise identical
+for any ``numba.set_num_threads`` value.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numba
+import numpy as np
+
+from ..errors import JacError
+
+__all__ = ["SparseLaneLU", "CHUNK"]
+
+#: Lanes per parallel work item. Fixed (not derived from the thread count) so
+#: that the partition — and hence every lane's arithmetic — never changes.
+CHUNK = 256
+
+_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+
+# --------------------------------------------------------------------------
+# Numeric kernels. Index arrays come in as arguments (never globals) so the
+# cached machine code is independent of any particular pattern.
+# --------------------------------------------------------------------------
+
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _factor_kernel(A, L, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr,
+                   upd_tgt, upd_src, bad_lane, bad_row):
+    n = piv_slot.shape[0]
+    nchunks = (L + chunk - 1) // chunk
+    for c in numba.prange(nchunks):
+        l0 = c * chunk
+        m = min(L, l0 + chunk) - l0
+        # Each op works on unit-stride views of this chunk's lanes, indexed
+        # from 0: that lets LLVM drop negative-index wraparound and vectorise.
+        for k in range(n):
+            po = piv_slot[k] * L + l0
+            ap = A[po:po + m]
+            for p in range(mul_ptr[k], mul_ptr[k + 1]):
+                mo = mul_slot[p] * L + l0
+                am = A[mo:mo + m]
+                # Multiplier l_ik = a_ik / u_kk: a true division, as KPP does.
+                for l in range(m):
+                    am[l] = am[l] / ap[l]
+                for u in range(upd_ptr[p], upd_ptr[p + 1]):
+                    to = upd_tgt[u] * L + l0
+                    so = upd_src[u] * L + l0
+                    at = A[to:to + m]
+                    as_ = A[so:so + m]
+                    for l in range(m):
+                        at[l] -= am[l] * as_[l]
+        # The pivot used at step k is the final u_kk (later steps only touch
+        # rows/columns > k), so checking after the sweep is equivalent and
+        # keeps the update loops branch-free. NaN counts as a bad pivot.
+        bl = -1
+        br = -1
+        for k in range(n):
+            po = piv_slot[k] * L + l0
+            ap = A[po:po + m]
+            for l in range(m):
+                v = ap[l]
+                if v == 0.0 or v != v:
+                    if bl < 0 or l0 + l < bl:
+                        bl = l0 + l
+                        br = k
+                    break
+        bad_lane[c] = bl
+        bad_row[c] = br
+
+
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _solve_kernel(A, b, L, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                  bwd_ptr, bwd_slot, bwd_col):
+    n = piv_slot.shape[0]
+    nchunks = (L + chunk - 1) // chunk
+    for c in numba.prange(nchunks):
+        l0 = c * chunk
+        m = min(L, l0 + chunk) - l0
+        # Forward: L y = b with unit diagonal.
+        for i in range(n):
+            bi = b[i * L + l0:i * L + l0 + m]
+            for p in range(fwd_ptr[i], fwd_ptr[i + 1]):
+                so = fwd_slot[p] * L + l0
+                jo = fwd_col[p] * L + l0
+                a = A[so:so + m]
+                bj = b[jo:jo + m]
+                for l in range(m):
+                    bi[l] -= a[l] * bj[l]
+        # Backward: U x = y.
+        for i in range(n - 1, -1, -1):
+            bi = b[i * L + l0:i * L + l0 + m]
+            for p in range(bwd_ptr[i], bwd_ptr[i + 1]):
+                so = bwd_slot[p] * L + l0
+                jo = bwd_col[p] * L + l0
+                a = A[so:so + m]
+                bj = b[jo:jo + m]
+                for l in range(m):
+                    bi[l] -= a[l] * bj[l]
+            do = piv_slot[i] * L + l0
+            d = A[do:do + m]
+            for l in range(m):
+                bi[l] = bi[l] / d[l]
+
+
+# --------------------------------------------------------------------------
+# Symbolic set-up (once per pattern).
+# --------------------------------------------------------------------------
+
+def _as_pattern(n: int, lu_pattern: Sequence) -> tuple:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise JacError("bad_argument", f"block size n must be a positive int, got {n!r}")
+    try:
+        pat = tuple((int(r), int(c)) for r, c in lu_pattern)
+    except (TypeError, ValueError) as e:
+        raise JacError("bad_argument", f"lu_pattern must be (row, col) pairs: {e}") from None
+    if list(pat) != sorted(set(pat)):
+        raise JacError("bad_argument", "lu_pattern must be sorted with no duplicates")
+    for r, c in pat:
+        if not (0 <= r < n and 0 <= c < n):
+            raise JacError("bad_argument", f"lu_pattern entry {(r, c)} outside 0..{n - 1}")
+    return pat
+
+
+class SparseLaneLU:
+    """No-pivoting sparse LU of ``L`` lanes sharing one closed ``n×n`` pattern.
+
+    ``lu_pattern`` is the sorted tuple of 0-based ``(row, col)`` pairs in
+    elimination order, containing every diagonal and closed under fill-in.
+    After :meth:`factor` the slots hold the unit-lower ``L`` (strictly below
+    the diagonal) and ``U`` (on and above it), KPP style.
+    """
+
+    def __init__(self, n: int, lu_pattern: Sequence[tuple[int, int]]):
+        pat = _as_pattern(n, lu_pattern)
+        n = int(n)
+        slot = {rc: q for q, rc in enumerate(pat)}
+        for i in range(n):
+            if (i, i) not in slot:
+                raise JacError("bad_argument", f"lu_pattern lacks the diagonal entry {(i, i)}")
+        rows: list[list[int]] = [[] for _ in range(n)]   # columns present per row
+        cols: list[list[int]] = [[] for _ in range(n)]   # rows present per column
+        for r, c in pat:
+            rows[r].append(c)
+            cols[c].append(r)
+
+        mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src = [0], [], [0], [], []
+        for k in range(n):
+            right = [j for j in rows[k] if j > k]
+            for i in (i for i in cols[k] if i > k):
+                mul_slot.append(slot[(i, k)])
+                for j in right:
+                    t = slot.get((i, j))
+                    if t is None:
+                        raise JacError(
+                            "bad_argument",
+                            f"lu_pattern is not closed under fill-in: eliminating "
+                            f"{(i, k)} with {(k, j)} needs {(i, j)}")
+                    upd_tgt.append(t)
+                    upd_src.append(slot[(k, j)])
+                upd_ptr.append(len(upd_tgt))
+            mul_ptr.append(len(mul_slot))
+
+        fwd_ptr, fwd_slot, fwd_col = [0], [], []
+        bwd_ptr, bwd_slot, bwd_col = [0], [], []
+        for i in range(n):
+            for j in rows[i]:
+                if j < i:
+                    fwd_slot.append(slot[(i, j)])
+                    fwd_col.append(j)
+                elif j > i:
+                    bwd_slot.append(slot[(i, j)])
+                    bwd_col.append(j)
+            fwd_ptr.append(len(fwd_slot))
+            bwd_ptr.append(len(bwd_slot))
+
+        def i64(x):
+            return np.ascontiguousarray(np.asarray(x, dtype=np.int64))
+
+        self.n = n
+        self.pattern = pat
+        self.nnz = len(pat)
+        self._slot = slot
+        self.diag_slots = i64([slot[(i, i)] for i in range(n)])
+        self._mul_ptr, self._mul_slot = i64(mul_ptr), i64(mul_slot)
+        self._upd_ptr, self._upd_tgt, self._upd_src = i64(upd_ptr), i64(upd_tgt), i64(upd_src)
+        self._fwd_ptr, self._fwd_slot, self._fwd_col = i64(fwd_ptr), i64(fwd_slot), i64(fwd_col)
+        self._bwd_ptr, self._bwd_slot, self._bwd_col = i64(bwd_ptr), i64(bwd_slot), i64(bwd_col)
+        for a in (self.diag_slots, self._mul_ptr, self._mul_slot, self._upd_ptr,
+                  self._upd_tgt, self._upd_src, self._fwd_ptr, self._fwd_slot,
+                  self._fwd_col, self._bwd_ptr, self._bwd_slot, self._bwd_col):
+            a.setflags(write=False)
+
+    # -- bookkeeping -------------------------------------------------------
+    @property
+    def flops(self) -> tuple[int, int]:
+        """Per-lane (factor, solve) multiply-add counts, divisions included."""
+        fac = len(self._mul_slot) + len(self._upd_tgt)
+        sol = len(self._fwd_slot) + len(self._bwd_slot) + self.n
+        return fac, sol
+
+    def slot(self, r: int, c: int) -> int:
+        """The slot index of ``(r, c)``; ``KeyError`` if it is not in the pattern."""
+        return self._slot[(r, c)]
+
+    def pack(self, dense: np.ndarray) -> np.ndarray:
+        """Slots of a ``(L, n, n)`` stack of dense matrices (off-pattern ignored)."""
+        d = np.asarray(dense)
+        if d.ndim != 3 or d.shape[1:] != (self.n, self.n):
+            raise JacError("bad_argument", f"pack wants shape (L, {self.n}, {self.n}), got {d.shape}")
+        r = np.fromiter((rc[0] for rc in self.pattern), np.int64, self.nnz)
+        c = np.fromiter((rc[1] for rc in self.pattern), np.int64, self.nnz)
+        return np.ascontiguousarray(d[:, r, c].T).reshape(-1)
+
+    # -- validation --------------------------------------------------------
+    def _check(self, name: str, x, length: int, dtype=None) -> None:
+        if not isinstance(x, np.ndarray):
+            raise JacError("bad_argument", f"{name} must be a NumPy array, got {type(x).__name__}")
+        if x.dtype not in _DTYPES:
+            raise JacError("bad_argument", f"{name} must be float64 or float32, got {x.dtype}")
+        if dtype is not None and x.dtype != dtype:
+            raise JacError("bad_argument", f"{name} has dtype {x.dtype}, the matrix has {dtype}")
+        if x.ndim != 1:
+            raise JacError("bad_argument", f"{name} must be 1-D (flat lanes-fastest), got ndim={x.ndim}")
+        if not x.flags.c_contiguous:
+            raise JacError("bad_argument", f"{name} must be C-contiguous")
+        if not x.flags.writeable:
+            raise JacError("bad_argument", f"{name} must be writeable (it is updated in place)")
+        if x.shape[0] != length:
+            raise JacError("bad_argument", f"{name} has length {x.shape[0]}, expected {length}")
+
+    @staticmethod
+    def _lanes(L) -> int:
+        if not isinstance(L, (int, np.integer)) or isinstance(L, bool) or L < 1:
+            raise JacError("bad_argument", f"lane count L must be a positive int, got {L!r}")
+        return int(L)
+
+    # -- numerics ----------------------------------------------------------
+    def factor_status(self, A: np.ndarray, L: int) -> tuple[int, int] | None:
+        """Factor in place; return ``(lane, row)`` of the first zero/NaN pivot
+        (lowest lane, then lowest row in that lane's chunk scan) or ``None``.
+
+        Lanes with a bad pivot hold garbage afterwards; the others are valid.
+        """
+        L = self._lanes(L)
+        self._check("A", A, self.nnz * L)
+        return self._factor_unchecked(A, L)
+
+    def factor(self, A: np.ndarray, L: int) -> None:
+        """Factor ``A`` (``nnz*L`` slots) in place; raise on a zero/NaN pivot."""
+        bad = self.factor_status(A, L)
+        if bad is not None:
+            lane, row = bad
+            raise JacError("evaluation_error",
+                           f"zero or NaN pivot in lane {lane} at elimination row {row}")
+
+    def solve(self, A: np.ndarray, b: np.ndarray, L: int) -> None:
+        """Solve ``LU x = b`` in place on ``b`` (``n*L``, ``b[i*L + l]``)."""
+        L = self._lanes(L)
+        self._check("A", A, self.nnz * L)
+        self._check("b", b, self.n * L, A.dtype)
+        self._solve_unchecked(A, b, L)
+
+    # Unchecked entry points for callers (the integrator) that validated once.
+    def _factor_unchecked(self, A, L):
+        nch = (L + CHUNK - 1) // CHUNK
+        bad_lane = np.empty(nch, np.int64)
+        bad_row = np.empty(nch, np.int64)
+        _factor_kernel(A, L, CHUNK, self.diag_slots, self._mul_ptr, self._mul_slot,
+                       self._upd_ptr, self._upd_tgt, self._upd_src, bad_lane, bad_row)
+        hit = np.flatnonzero(bad_lane >= 0)
+        if hit.size == 0:
+            return None
+        return int(bad_lane[hit[0]]), int(bad_row[hit[0]])
+
+    def _solve_unchecked(self, A, b, L):
+        _solve_kernel(A, b, L, CHUNK, self.diag_slots, self._fwd_ptr, self._fwd_slot,
+                      self._fwd_col, self._bwd_ptr, self._bwd_slot, self._bwd_col)

@@ -1,0 +1,95 @@
+"""Fixed Numba kernels shared by every program: scatter, products, checks.
+
+They are compiled once (``cache=True``) and take every index array as an
+argument. Each output element is owned by one loop iteration, and its sum
+runs in plan order, so results are bitwise identical for any thread count
+(no atomics, no reductions across threads). Lane kernels address
+``a[s]*L + b[s] + l*stride[s]``: that covers lane-blocked storage
+(``stride = 1``) and a global CSR of a cell program (``stride`` = row
+length).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
+
+
+@nb.njit(parallel=True, **_JIT)
+def lane_gather(B, L, ptr, src, a, b, stride, out):
+    """out[a*L + b + l*stride] = Σ B[src*L + l] per slot (plan order)."""
+    nslot = a.shape[0]
+    for l in nb.prange(L):
+        for s in range(nslot):
+            pos = a[s] * L + b[s] + l * stride[s]
+            j0 = ptr[s]
+            j1 = ptr[s + 1]
+            if j0 == j1:
+                out[pos] = 0
+            else:
+                acc = B[src[j0] * L + l]
+                for j in range(j0 + 1, j1):
+                    acc += B[src[j] * L + l]
+                out[pos] = acc
+
+
+@nb.njit(parallel=True, **_JIT)
+def point_gather(B, ptr, src, pos, out):
+    """out[pos[s]] = Σ B[src[j]] for j in slot s (plan order)."""
+    for s in nb.prange(pos.shape[0]):
+        j0 = ptr[s]
+        j1 = ptr[s + 1]
+        if j0 == j1:
+            out[pos[s]] = 0
+        else:
+            acc = B[src[j0]]
+            for j in range(j0 + 1, j1):
+                acc += B[src[j]]
+            out[pos[s]] = acc
+
+
+@nb.njit(parallel=True, **_JIT)
+def lane_apply(B, L, ptr, band, ca, cb, cs, tgt, v, y):
+    """y[tgt[r]*L + l] += Σ B[band*L + l] · v[ca*L + cb + l*cs] per row r."""
+    for l in nb.prange(L):
+        for r in range(tgt.shape[0]):
+            acc = 0.0
+            for j in range(ptr[r], ptr[r + 1]):
+                acc += np.float64(B[band[j] * L + l]) * np.float64(v[ca[j] * L + cb[j] + l * cs[j]])
+            y[tgt[r] * L + l] += acc
+
+
+@nb.njit(parallel=True, **_JIT)
+def lane_apply_global(B, L, ptr, band, rl, tgt, lam, g):
+    """g[tgt[c]] += Σ_l Σ B[band*L + l] · lam[rl*L + l] (a scalar column:
+    one iteration owns it and sums the lanes in order)."""
+    for c in nb.prange(tgt.shape[0]):
+        acc = 0.0
+        for l in range(L):
+            for j in range(ptr[c], ptr[c + 1]):
+                acc += np.float64(B[band[j] * L + l]) * np.float64(lam[rl[j] * L + l])
+        g[tgt[c]] += acc
+
+
+@nb.njit(parallel=True, **_JIT)
+def point_apply(B, ptr, src, other, tgt, v, y):
+    """y[tgt[r]] += Σ B[src[j]] · v[other[j]] (rows, or columns for Jᵀ)."""
+    for r in nb.prange(tgt.shape[0]):
+        acc = 0.0
+        for j in range(ptr[r], ptr[r + 1]):
+            acc += np.float64(B[src[j]]) * np.float64(v[other[j]])
+        y[tgt[r]] += acc
+
+
+@nb.njit(parallel=True, **_JIT)
+def count_nonfinite(x):
+    n = 0
+    for i in nb.prange(x.shape[0]):
+        if not np.isfinite(x[i]):
+            n += 1
+    return n
+
+
+def first_nonfinite(x: np.ndarray) -> int:
+    return int(np.flatnonzero(~np.isfinite(x))[0])
