@@ -16,22 +16,46 @@ import numpy as np
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
 
+CHUNK = 512   # lanes per work item: long unit-stride inner loops, few items
+
+
 @nb.njit(parallel=True, **_JIT)
 def lane_gather(B, L, ptr, src, a, b, stride, out):
-    """out[a*L + b + l*stride] = Σ B[src*L + l] per slot (plan order)."""
+    """out[a*L + b + l*stride] = Σ B[src*L + l] per slot (plan order).
+
+    Work items are lane chunks; inside one, each slot is a unit-stride loop
+    over the chunk's lanes (vectorizable)."""
     nslot = a.shape[0]
-    for l in nb.prange(L):
+    nch = (L + CHUNK - 1) // CHUNK
+    for ch in nb.prange(nch):
+        l0 = ch * CHUNK
+        l1 = min(L, l0 + CHUNK)
         for s in range(nslot):
-            pos = a[s] * L + b[s] + l * stride[s]
+            base = a[s] * L + b[s]
+            st = stride[s]
             j0 = ptr[s]
             j1 = ptr[s + 1]
-            if j0 == j1:
-                out[pos] = 0
+            if st == 1:          # lane-blocked storage: unit stride, vectorizable
+                if j0 == j1:
+                    out[base + l0:base + l1] = 0
+                else:
+                    k0 = src[j0] * L
+                    out[base + l0:base + l1] = B[k0 + l0:k0 + l1]
+                    for j in range(j0 + 1, j1):
+                        k = src[j] * L
+                        for l in range(l0, l1):
+                            out[base + l] += B[k + l]
+            elif j0 == j1:
+                for l in range(l0, l1):
+                    out[base + l * st] = 0
             else:
-                acc = B[src[j0] * L + l]
+                k0 = src[j0] * L
+                for l in range(l0, l1):
+                    out[base + l * st] = B[k0 + l]
                 for j in range(j0 + 1, j1):
-                    acc += B[src[j] * L + l]
-                out[pos] = acc
+                    k = src[j] * L
+                    for l in range(l0, l1):
+                        out[base + l * st] += B[k + l]
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -51,13 +75,24 @@ def point_gather(B, ptr, src, pos, out):
 
 @nb.njit(parallel=True, **_JIT)
 def lane_apply(B, L, ptr, band, ca, cb, cs, tgt, v, y):
-    """y[tgt[r]*L + l] += Σ B[band*L + l] · v[ca*L + cb + l*cs] per row r."""
-    for l in nb.prange(L):
+    """y[tgt[r]*L + l] += Σ B[band*L + l] · v[ca*L + cb + l*cs] per row r
+    (float64 accumulator per lane, terms in plan order)."""
+    nch = (L + CHUNK - 1) // CHUNK
+    for ch in nb.prange(nch):
+        l0 = ch * CHUNK
+        l1 = min(L, l0 + CHUNK)
+        acc = np.empty(l1 - l0, dtype=np.float64)
         for r in range(tgt.shape[0]):
-            acc = 0.0
+            acc[:] = 0.0
             for j in range(ptr[r], ptr[r + 1]):
-                acc += np.float64(B[band[j] * L + l]) * np.float64(v[ca[j] * L + cb[j] + l * cs[j]])
-            y[tgt[r] * L + l] += acc
+                kb = band[j] * L
+                vb = ca[j] * L + cb[j]
+                st = cs[j]
+                for l in range(l0, l1):
+                    acc[l - l0] += np.float64(B[kb + l]) * np.float64(v[vb + l * st])
+            yb = tgt[r] * L
+            for l in range(l0, l1):
+                y[yb + l] += acc[l - l0]
 
 
 @nb.njit(parallel=True, **_JIT)
