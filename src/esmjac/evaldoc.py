@@ -21,6 +21,7 @@ The document serializes to deterministic JSON (goldens
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ._deep import run_deep
 from .calculus.inline import inline_observed
@@ -115,14 +116,16 @@ class EvalDoc:
     observed: tuple        # ((name, expr), …) hoisted common subexpressions
     fields: tuple
 
-    def expanded(self, e):
-        """``e`` with the hoisted ``jc…`` names substituted back."""
-        if not self.observed:
-            return e
+    @cached_property
+    def _expansion(self) -> dict:
         full: dict = {}
         for n, d in self.observed:      # definitions refer only to earlier names
             full[n] = substitute(d, full)
-        return substitute(e, full)
+        return full
+
+    def expanded(self, e):
+        """``e`` with the hoisted ``jc…`` names substituted back."""
+        return substitute(e, self._expansion) if self.observed else e
 
     def to_json(self) -> str:
         return run_deep(lambda: stable_json(self.to_dict()))

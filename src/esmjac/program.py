@@ -39,6 +39,8 @@ PROGRAM_OPTIONS = {
     "allow_empty": False,     # accept a state-independent array RHS
     "backend": "numba",       # "numba" (the engine) or "numpy" (reference, explicit only)
     "max_stmts": 400,         # statement cap per compiled chunk
+    "engine": "auto",         # "codegen" | "tape" | "auto" (tape for large cell programs)
+    "tape_above": 1500,       # auto: statements above which a cell program is taped
     "cache": True,            # reuse whole build products from the on-disk cache
     "progress": False,        # print build stages to stderr
 }
@@ -140,18 +142,41 @@ class _Kernel:
     chunk_kinds: tuple
     n_hoist: int
     n_statements: int
+    engine: str = "codegen"
+    tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
 
     def module(self):
+        if self.engine == "tape":
+            return None
         return load_source(self.source, self.key)
 
+    def listing(self) -> str:
+        """Readable generated source or tape."""
+        if self.engine == "tape":
+            pro, body = self.tapes
+            return (f"# esmjac tape: prologue {len(pro.code)} instructions, body {len(body.code)} "
+                    f"instructions, {body.nreg} registers\n# prologue\n{pro.listing()}\n# body\n"
+                    f"{body.listing()}\n")
+        return self.source
 
-def _compile(doc: EvalDoc, max_stmts: int) -> _Kernel:
-    g = run_deep(generate, doc, max_stmts=max_stmts)
+
+def _compile(doc: EvalDoc, opts: dict) -> _Kernel:
+    engine = opts["engine"]
+    if engine not in ("auto", "codegen", "tape"):
+        raise JacError("bad_option", f"engine must be 'auto', 'codegen' or 'tape'; got {engine!r}")
+    if engine == "auto" and doc.kind == "cell":
+        # Statement count decides: generated chunks compile in ~5 s each here,
+        # the tape interpreter is compiled once for every model.
+        n = sum(1 for f in doc.fields) * 4 + len(doc.observed) * 2
+        engine = "tape" if n > int(opts["tape_above"]) else "codegen"
+    if engine == "tape":
+        from .compile.codegen import tape_program
+        pro, body, nh = run_deep(tape_program, doc)
+        key = content_hash(pro.code.tobytes().hex(), body.code.tobytes().hex())
+        return _Kernel("", key, (), (), nh, len(body.code), "tape", (pro, body))
+    g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]))
     key = content_hash(g.source)
-    k = _Kernel(g.source, key, g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
-    mod = k.module()
-    getattr(mod, "prologue")
-    return k
+    return _Kernel(g.source, key, g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
 
 
 class _Base:
@@ -180,6 +205,12 @@ class _Base:
         return sum(self.layout.size(s) for s in self.layout.forcing)
 
     def _run(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
+        if kern.engine == "tape":
+            from .compile.tape import run_tape
+            pro, body = kern.tapes
+            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg)
+            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg)
+            return
         mod = kern.module()
         mod.prologue(p, float(t), h)
         for name, kind in zip(kern.chunks, kern.chunk_kinds):
@@ -209,7 +240,7 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     if opts["cache"]:
         from . import __version__
         import numba
-        key = _source_key(source, model, f"{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|"
+        key = _source_key(source, model, f"{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
                                          f"{__version__}|{numba.__version__}")
     path = cache_dir() / f"b{key[:40]}.pkl" if key else None
     if path is not None and path.exists():
@@ -258,7 +289,7 @@ class RhsProgram(_Base):
             lay = model_layout(view)
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0)
-            kern = _compile(doc, int(opts["max_stmts"]))
+            kern = _compile(doc, opts)
             _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
             u0, p0, f0 = _defaults(view, lay)
             return cls(doc, lay, doc.kind, tuple(element_names(view, list(lay.states))),
@@ -395,7 +426,7 @@ class JacobianProgram(_Base):
             rdoc = rhs_doc(view, lay)
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
-            kern = _compile(doc, int(opts["max_stmts"]))
+            kern = _compile(doc, opts)
             _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
             cvars, cbase, ncols = _colspace(lay, wrt)
             meta = _field_meta(doc, lay, cvars, cbase)

@@ -1,15 +1,342 @@
-"""SciPy adapter: kind ``"scipy.ivp"`` (``scipy.integrate.solve_ivp``)."""
+"""SciPy adapter: kind ``"scipy.ivp"`` (``scipy.integrate.solve_ivp``).
+
+:func:`ivp` compiles a model's right-hand side and its exact state Jacobian
+once and hands ``scipy.integrate.solve_ivp`` what it wants::
+
+    from esmjac.adapters.scipy import ivp
+    prob = ivp("model.esm")                       # method="BDF"
+    sol = prob.solve((0.0, 3600.0), rtol=1e-6)    # solve_ivp(fun, span, y0, method, jac=jac)
+    prob.nfev, prob.njev
+
+``jac(t, y)`` returns what the chosen method takes: a sparse CSC matrix for
+``BDF``/``Radau``, a dense array for ``LSODA``, or -- with
+``banded=True`` -- LSODA's packed banded form ``J_packed[uband + i - j, j]
+= J[i, j]`` (the ``lband``/``uband`` to pass are attributes of the problem,
+and :meth:`IvpProblem.solve` passes them). Element order is
+``earthsci_ast.evaluate_rhs``'s (see ``names``).
+
+Nothing here imports SciPy at module import time; :func:`ivp` does.
+"""
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+
+from ..errors import JacError
 from ..hookspecs import AdapterInfo, hookimpl
 
+__all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 
-# TODO(adapters): replaced by the real factory
-def ivp(source, *, model=None, **options):
-    raise NotImplementedError("the scipy.ivp factory is not written yet")
+#: solve_ivp methods and whether they take a Jacobian.
+METHODS = {"BDF": True, "Radau": True, "LSODA": True, "RK45": False, "RK23": False, "DOP853": False}
+
+
+# ---------------------------------------------------------------------------
+# shared helpers (also used by the sundials adapter)
+# ---------------------------------------------------------------------------
+
+def _programs(source, model, build_options):
+    """(RhsProgram, JacobianProgram wrt states, Csr plan) of ``source``."""
+    from ..layouts import Csr
+    from ..program import JacobianProgram, RhsProgram
+    r = RhsProgram.build(source, model, options=build_options)
+    j = JacobianProgram.build(source, model, "states", options=build_options)
+    plan = j.plan(Csr(), source=r)
+    return r, j, plan
+
+
+def _key(layout, key: str) -> str:
+    """A user name (scoped or bare) as the layout's local name."""
+    sc = layout.scope
+    return key[len(sc):] if sc and key.startswith(sc) and key[len(sc):] else key
+
+
+def _element_index(layout, names: tuple, key: str, what: str) -> list:
+    """Flat positions in an ``names``-ordered vector addressed by ``key``:
+    ``Model.x[i,j]`` / ``x[i,j]`` (one element) or ``x`` (all of x)."""
+    k = _key(layout, key)
+    base, _, rest = k.partition("[")
+    offs, off = {}, 0
+    for n in names:
+        offs[n] = off
+        off += layout.size(n)
+    if base not in offs:
+        raise JacError("bad_argument", f"unknown {what} `{key}`; known: {', '.join(names)}")
+    shape = layout.shapes.get(base, ())
+    if not rest:
+        return list(range(offs[base], offs[base] + layout.size(base)))
+    try:
+        idx = tuple(int(x) - 1 for x in rest.rstrip("]").split(","))
+    except ValueError:
+        raise JacError("bad_argument", f"cannot read the element index of `{key}`") from None
+    if len(idx) != len(shape) or any(not 0 <= i < n for i, n in zip(idx, shape)):
+        raise JacError("bad_argument", f"`{key}` is outside the shape {shape} of `{base}`")
+    return [offs[base] + int(np.ravel_multi_index(idx, shape))]
+
+
+def _fill(base: np.ndarray | None, layout, names: tuple, value, n: int, what: str) -> np.ndarray:
+    """A flat float64 vector of length ``n``: ``value`` as an array, or a
+    dict overriding ``base`` (element keys set one element; variable keys
+    take a scalar or an array of the variable's shape)."""
+    if value is None:
+        if base is None:
+            raise JacError("bad_argument", f"the document gives no usable default for the {what}; pass it")
+        return np.array(base, dtype=np.float64, copy=True)
+    if isinstance(value, dict):
+        if base is None:
+            raise JacError("bad_argument", f"the document gives no usable default for the {what}; "
+                           "pass a full vector instead of a dict")
+        out = np.array(base, dtype=np.float64, copy=True)
+        for key, val in value.items():
+            pos = _element_index(layout, names, str(key), what)
+            arr = np.asarray(val, dtype=np.float64)
+            if arr.size not in (1, len(pos)):
+                raise JacError("bad_argument", f"`{key}` takes 1 or {len(pos)} values, got {arr.size}")
+            out[pos] = np.ravel(arr) if arr.size == len(pos) else float(arr.reshape(-1)[0])
+        return out
+    arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64).reshape(-1))
+    if arr.shape[0] != n:
+        raise JacError("bad_argument", f"the {what} must have {n} entries, got {arr.shape[0]}")
+    return arr.copy()
+
+
+def _inputs(r, y0, p, forcing) -> tuple:
+    """(y0, p, forcing) flat float64 vectors (forcing None when the model has none)."""
+    lay = r.layout
+    y = _fill(r.u0, lay, lay.states, y0, r.u_size(r.cells if r.kind == "cell" else 1), "initial state")
+    pv = _fill(r.p0, lay, lay.params, p, len(lay.params), "parameter vector")
+    nf = r.f_size(r.cells if r.kind == "cell" else 1)
+    if nf == 0:
+        if forcing is not None and not (isinstance(forcing, dict) and not forcing):
+            raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
+        f = None
+    else:
+        f = _fill(r.forcing0, lay, lay.forcing, forcing, nf, "forcing")
+    return y, pv, f
+
+
+def _pattern(plan) -> tuple:
+    """(rows, cols, n) of the Csr plan's entries in CSR data order."""
+    indptr = np.asarray(plan.indptr)
+    cols = np.asarray(plan.indices, dtype=np.int64)
+    n = int(plan.info["shape"][0])
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    return rows, cols, n
+
+
+#: ``threads="auto"`` runs esmjac's kernels on one thread below this many unknowns.
+AUTO_SERIAL_BELOW = 20000
+
+
+def _thread_count(threads, n: int):
+    """The numba thread count callbacks run with (None: leave numba's setting)."""
+    if threads is None:
+        return None
+    if threads == "auto":
+        return 1 if n < AUTO_SERIAL_BELOW else None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise JacError("bad_option", f"threads must be 'auto', None or a positive int, not {threads!r}")
+    import numba
+    return min(int(threads), int(numba.config.NUMBA_NUM_THREADS))
+
+
+def _with_threads(nthreads, fn, *args):
+    """``fn(*args)`` with numba's (thread-local) thread count set to ``nthreads``.
+
+    esmjac's kernels are ``parallel=True``; on small problems the fork/join
+    of every call costs far more than the work (milliseconds per call on a
+    busy machine, against microseconds serially), so ``threads="auto"``
+    runs small problems serially."""
+    if nthreads is None:
+        return fn(*args)
+    import numba
+    prev = numba.get_num_threads()
+    if prev == nthreads:
+        return fn(*args)
+    numba.set_num_threads(nthreads)
+    try:
+        return fn(*args)
+    finally:
+        numba.set_num_threads(prev)
+
+
+def _bandwidths(rows, cols) -> tuple:
+    d = rows - cols
+    return int(max(0, d.max(initial=0))), int(max(0, (-d).max(initial=0)))
+
+
+# ---------------------------------------------------------------------------
+# the problem object
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class IvpProblem:
+    """What ``scipy.integrate.solve_ivp`` needs, from compiled esmjac programs.
+
+    ``fun(t, y)`` and ``jac(t, y)`` evaluate at the fixed parameter vector
+    ``p`` and forcing ``forcing``. One problem object owns its scratch
+    buffers: do not share it between threads (build one per thread).
+    """
+
+    rhs: Any                   # RhsProgram
+    jacobian: Any              # JacobianProgram (wrt="states")
+    plan: Any                  # Csr ScatterPlan
+    y0: np.ndarray
+    names: tuple
+    p: np.ndarray
+    forcing: np.ndarray | None
+    method: str
+    banded: bool
+    lband: int | None
+    uband: int | None
+    jac_sparsity: Any          # scipy.sparse.csc_matrix of ones (structural pattern)
+    _st: dict = field(repr=False)
+
+    # -- counters --------------------------------------------------------------
+    @property
+    def nfev(self) -> int:
+        """Calls of ``fun`` since creation / :meth:`reset_counters`."""
+        return self._st["nfev"]
+
+    @property
+    def njev(self) -> int:
+        """Calls of ``jac`` since creation / :meth:`reset_counters`."""
+        return self._st["njev"]
+
+    @property
+    def n(self) -> int:
+        return int(self.y0.shape[0])
+
+    def reset_counters(self) -> None:
+        self._st["nfev"] = 0
+        self._st["njev"] = 0
+
+    # -- callables -----------------------------------------------------------------
+    @property
+    def threads(self):
+        """numba threads the callbacks run with (None: numba's own setting)."""
+        return self._st["threads"]
+
+    def fun(self, t, y) -> np.ndarray:
+        """``dy/dt = f(t, y)`` (a new array)."""
+        st = self._st
+        st["nfev"] += 1
+        out = np.empty(self.n)
+        _with_threads(st["threads"], self.rhs.eval_into, np.ascontiguousarray(y, dtype=np.float64),
+                      self.p, float(t), self.forcing, out, st["scratch"])
+        return out
+
+    def jac_data(self, t, y) -> np.ndarray:
+        """The Jacobian's values in CSR order of ``plan`` (a new array)."""
+        st = self._st
+        data = np.empty(self.plan.out_size(st["ws"].lanes))
+        _with_threads(st["threads"], self.jacobian.eval_into, self.plan,
+                      np.ascontiguousarray(y, dtype=np.float64), self.p, float(t), self.forcing,
+                      data, st["ws"])
+        return data
+
+    def jac(self, t, y):
+        """``∂f/∂y`` at (t, y) in the form ``method`` takes (see module doc)."""
+        from scipy.sparse import csc_matrix
+        st = self._st
+        st["njev"] += 1
+        data = self.jac_data(t, y)
+        n = self.n
+        if self.method == "LSODA":
+            if self.banded:
+                out = np.zeros((self.lband + self.uband + 1) * n)
+                out[st["band_pos"]] = data
+                return out.reshape(self.lband + self.uband + 1, n)
+            out = np.zeros(n * n)
+            out[st["dense_pos"]] = data
+            return out.reshape(n, n)
+        return csc_matrix((data[st["perm"]], st["csc_indices"].copy(), st["csc_indptr"].copy()),
+                          shape=(n, n))
+
+    def jac_csr(self, t, y):
+        """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array`` (any method)."""
+        from scipy.sparse import csr_array
+        n = self.n
+        return csr_array((self.jac_data(t, y), np.array(self.plan.indices), np.array(self.plan.indptr)),
+                         shape=(n, n))
+
+    # -- convenience --------------------------------------------------------------------
+    def solve(self, t_span, **kwargs):
+        """``scipy.integrate.solve_ivp(fun, t_span, y0, method=method, jac=jac, ...)``.
+
+        ``kwargs`` go to ``solve_ivp`` and override the defaults (``y0=``,
+        ``jac=None`` for SciPy's own finite differences, ``rtol``, ``t_eval``…).
+        """
+        from scipy.integrate import solve_ivp
+        opts: dict = {}
+        if METHODS[self.method]:
+            opts["jac"] = self.jac
+            if self.banded:
+                opts["lband"], opts["uband"] = self.lband, self.uband
+        opts.update(kwargs)
+        y0 = opts.pop("y0", self.y0)
+        method = opts.pop("method", self.method)
+        return solve_ivp(self.fun, t_span, np.asarray(y0, dtype=np.float64), method=method, **opts)
+
+
+def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, banded=False,
+        threads="auto", build_options=None, **options) -> IvpProblem:
+    """Build an :class:`IvpProblem` for ``scipy.integrate.solve_ivp``.
+
+    ``source``: an ``.esm`` path, a document dict or JSON text; ``model``
+    chooses a model. ``method``: a ``solve_ivp`` method (``BDF`` default,
+    ``Radau``, ``LSODA``; explicit ``RK45``/``RK23``/``DOP853`` get no
+    Jacobian). ``p``/``forcing``/``y0``: ``None`` (the document's defaults),
+    a full flat vector, or a dict of overrides keyed by variable name (a
+    scalar or an array of its shape) or element name (``"Chem.O3[3]"``).
+    ``banded=True`` (LSODA only): ``jac`` returns LSODA's packed banded form;
+    refused when the pattern is not banded (bandwidth > n/2).
+    ``threads``: numba threads for ``fun``/``jac`` (``"auto"``: one thread
+    below :data:`AUTO_SERIAL_BELOW` unknowns, else numba's setting; ``None``:
+    numba's setting; an int). ``build_options``: options of ``RhsProgram.build``/``JacobianProgram.build``.
+    """
+    if options:
+        raise JacError("bad_option", f"unknown option(s) {', '.join(sorted(options))} of scipy.ivp; "
+                       "known: model, method, p, forcing, y0, banded, threads, build_options")
+    if method not in METHODS:
+        raise JacError("bad_option", f"unknown solve_ivp method {method!r}; use one of {', '.join(METHODS)}")
+    if banded and method != "LSODA":
+        raise JacError("bad_option", f"banded=True is LSODA's packed banded Jacobian; method {method!r} "
+                       "takes a sparse Jacobian (leave banded=False)")
+    try:
+        import scipy.integrate  # noqa: F401
+        from scipy.sparse import csc_matrix
+    except ImportError as exc:  # pragma: no cover - scipy is a core dependency
+        raise JacError("adapter_unavailable", "scipy is not installed; pip install 'scipy>=1.10'") from exc
+    r, j, plan = _programs(source, model, build_options)
+    yv, pv, fv = _inputs(r, y0, p, forcing)
+    rows, cols, n = _pattern(plan)
+    lband = uband = None
+    st: dict = {"nfev": 0, "njev": 0, "scratch": r.new_buffers(), "ws": j.new_workspace(),
+                "threads": _thread_count(threads, n)}
+    if banded:
+        lband, uband = _bandwidths(rows, cols)
+        if max(lband, uband) > n / 2:
+            raise JacError("bad_option",
+                           f"the Jacobian is not banded (lower/upper bandwidth {lband}/{uband} of "
+                           f"n = {n}); LSODA's banded form would be mostly zeros. Use the sparse "
+                           "Jacobian instead: ivp(..., method='BDF') or method='Radau' "
+                           "(or LSODA with banded=False, dense)")
+        st["band_pos"] = (uband + rows - cols) * n + cols
+    elif method == "LSODA":
+        st["dense_pos"] = rows * n + cols
+    order = np.lexsort((rows, cols))                    # CSC: by column, then row
+    st["perm"] = order
+    st["csc_indices"] = rows[order].astype(np.int32)
+    st["csc_indptr"] = np.r_[0, np.cumsum(np.bincount(cols, minlength=n))].astype(np.int32)
+    pattern = csc_matrix((np.ones(rows.size), st["csc_indices"].copy(), st["csc_indptr"].copy()),
+                         shape=(n, n))
+    return IvpProblem(r, j, plan, yv, tuple(r.names), pv, fv, method, bool(banded), lband, uband,
+                      pattern, st)
 
 
 # ---------------------------------------------------------------------------

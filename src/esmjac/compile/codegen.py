@@ -200,6 +200,23 @@ def generate(doc, *, max_stmts: int = 400, title: str = "") -> Generated:
     return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt)
 
 
+def tape_program(doc):
+    """(prologue tape, body tape, n_hoist) of a cell document (engine "tape")."""
+    from .tape import encode
+    if doc.kind != "cell":
+        raise JacError("bad_option", "the tape engine runs cell-lane programs only")
+    low = _lowering(doc)
+    blk = Block()
+    dimpos = {n: k for k, n in enumerate(_cell_names(doc))}
+    stores = []
+    for target, exprs in _cell_outputs(doc):
+        stores.append((low.point(blk, exprs[0], dimpos), target[1]))
+    body = encode(blk, stores)
+    pro = low.prologue
+    ptape = encode(pro, [(v, v) for v in range(len(pro.ins))], "storeh")
+    return ptape, body, len(pro.ins)
+
+
 def _cell_names(doc) -> list:
     return [f"_c{k + 1}" for k in range(len(doc.layout.cell_shape))]
 

@@ -38,7 +38,7 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from .sparse_lu import CHUNK, SparseLaneLU
+from .sparse_lu import CHUNK, SparseLaneLU, single_chunk_threads
 
 __all__ = ["rosenbrock", "RosenbrockResult", "METHODS"]
 
@@ -354,7 +354,8 @@ def rosenbrock(
     slots ``jac`` leaves alone (fill-in, structural zeros) read as 0.
 
     ``lu_pattern`` must be sorted, contain every diagonal and be closed under
-    no-pivoting fill-in (``esmjac.factorization.block_lu_plan(...)``).
+    no-pivoting fill-in (``esmjac.factorization.block_lu_plan(...).lu_pattern``);
+    a prebuilt :class:`SparseLaneLU` is accepted too (its op lists are reused).
 
     Error control: the error norm is the **maximum over lanes** of the RMS
     over species of ``err_s / (atol_s + rtol·max(|y_old,s|, |y_new,s|))``;
@@ -408,6 +409,14 @@ def rosenbrock(
         raise JacError("bad_argument", f"atol must be a positive scalar or {n} positive values")
     at = np.ascontiguousarray(at)
 
+    if h0 is not None:
+        try:
+            h0 = float(h0)
+        except (TypeError, ValueError):
+            raise JacError("bad_argument", f"h0 must be a number, got {h0!r}") from None
+        if not (h0 > 0.0 and math.isfinite(h0)):
+            raise JacError("bad_argument", f"h0 must be positive, got {h0!r}")
+
     span = tf - t0
     res = RosenbrockResult(t0, Y, 0, 0, 0, 0, 0, 0, 0, True, "", 0.0)
     if span == 0.0:
@@ -432,124 +441,141 @@ def rosenbrock(
     roundoff = np.finfo(np.float64).eps
 
     def call_f(t, y, out):
-        f(t, y, out)
+        user(f, t, y, out)
         res.nfev += 1
 
     def norm(y_a, y_b, k_idx, k_val):
         _err_norm(y_a, y_b, K, k_idx, k_val, at, rtol, ip, L, CHUNK, cmax)
         return float(cmax.max())
 
-    t = t0
-    # Starting step: the first guess of Hairer–Wanner (I, II.4): 0.01·‖y‖/‖f‖
-    # in the error-weighted norm, falling back to 1e-6 when either is tiny.
-    if h0 is None:
-        call_f(t, Y, F0)
-        zeros = np.zeros(1, dtype=np.int64)
-        # ‖y‖ and ‖f‖ in the weighted norm, via the error kernel with K ≡ y/f.
-        K[0, :] = Y.reshape(n, L)[p].reshape(-1)
-        d0 = norm(Y, Y, zeros, np.ones(1))
-        K[0, :] = F0.reshape(n, L)[p].reshape(-1)
-        d1 = norm(Y, Y, zeros, np.ones(1))
-        h = 1e-6 * span if (d0 < 1e-5 or d1 < 1e-5 or not math.isfinite(d1)) else 0.01 * d0 / d1
-        h = min(max(h, 1e-12 * span), span)
-        have_f0 = True
-    else:
-        h = float(h0)
-        if not (h > 0.0 and math.isfinite(h)):
-            raise JacError("bad_argument", f"h0 must be positive, got {h0!r}")
-        h = min(h, span)
-        have_f0 = False
+    # One chunk of lanes → our kernels run single-threaded (see
+    # single_chunk_threads); the user's f and jac still see the caller's
+    # thread count.
+    outer_threads = numba.get_num_threads()
 
-    reject_last = reject_more = False
-    while True:
-        if t >= tf:
-            res.message = "reached tf"
-            break
-        if res.nsteps >= max_steps:
-            res.success, res.message = False, f"max_steps={max_steps} reached at t={t}"
-            break
-        if h < 10.0 * roundoff * max(abs(t), span * roundoff):
-            res.success, res.message = False, f"step size underflow (h={h:g}) at t={t}"
-            break
-        last = h >= tf - t
-        if last:
-            h = tf - t
-        if not have_f0:
+    def user(fn, t, y, out):
+        if L > CHUNK:
+            fn(t, y, out)
+            return
+        numba.set_num_threads(outer_threads)
+        try:
+            fn(t, y, out)
+        finally:
+            numba.set_num_threads(1)
+
+    with single_chunk_threads(L):
+        t = t0
+        # Starting step: the first guess of Hairer–Wanner (I, II.4): 0.01·‖y‖/‖f‖
+        # in the error-weighted norm, falling back to 1e-6 when either is tiny.
+        if h0 is None:
             call_f(t, Y, F0)
-        have_f0 = False
-        if not autonomous:
-            # KPP's forward difference for ∂f/∂t with δ = √eps·max(1e-5, |t|).
-            delta = math.sqrt(roundoff) * max(1e-5, abs(t))
-            call_f(t + delta, Y, Fs)
-            _fd_time(Fs, F0, 1.0 / delta, dfdt, CHUNK)
-        Jm.fill(0.0)
-        jac(t, Y, Jm)
-        res.njev += 1
+            zeros = np.zeros(1, dtype=np.int64)
+            # ‖y‖ and ‖f‖ in the weighted norm, via the error kernel with K ≡ y/f.
+            K[0, :] = Y.reshape(n, L)[p].reshape(-1)
+            d0 = norm(Y, Y, zeros, np.ones(1))
+            K[0, :] = F0.reshape(n, L)[p].reshape(-1)
+            d1 = norm(Y, Y, zeros, np.ones(1))
+            h = 1e-6 if (d0 < 1e-5 or d1 < 1e-5 or not math.isfinite(d1)) else 0.01 * d0 / d1
+            h = min(max(h, 1e-12 * span), span)
+            have_f0 = True
+        else:
+            h = min(h0, span)
+            have_f0 = False
 
-        # Attempts with the same Jacobian until one is accepted.
+        reject_last = reject_more = False
+        err = 0.0
         while True:
-            nsing = 0
-            while True:
-                _assemble_w(Jm, W, lu.diag_slots, 1.0 / (h * tab.gamma), L, CHUNK)
-                res.ndec += 1
-                bad = lu._factor_unchecked(W, L)
-                if bad is None:
-                    break
-                nsing += 1
-                if nsing > _MAX_SINGULAR:
-                    break
-                h *= 0.5
-                last = False
-            if bad is not None:
-                res.success = False
-                res.message = (f"W = I/(hγ) − J singular {nsing} times in a row "
-                               f"(lane {bad[0]}, row {bad[1]}) at t={t}")
+            if t >= tf:
+                res.message = "reached tf"
                 break
-
-            for i in range(S):
-                if i == 0:
-                    Fi = F0
-                elif tab.newf[i]:
-                    _combine(Y, K, a_nz[i][0], a_nz[i][1], p, L, CHUNK, Yst)
-                    call_f(t + tab.alpha[i] * h, Yst, Fs)
-                    Fi = Fs
-                ci, cv = c_nz[i]
-                _stage_rhs(Fi, K, i, ci, cv / h, 0.0 if autonomous else tab.gsum[i] * h,
-                           dfdt, p, L, CHUNK)
-                lu._solve_unchecked(W, K[i], L)
-                res.nsol += 1
-            _combine(Y, K, m_idx, m_val, p, L, CHUNK, Ynew)
-            err = norm(Y, Ynew, e_idx, e_val)
-            res.nsteps += 1
-
-            if math.isfinite(err):
-                fac = min(_FAC_MAX, max(_FAC_MIN, _FAC_SAFE / err ** (1.0 / tab.elo)))
-            else:
-                fac = _FAC_REJ
-            hnew = h * fac
-            if err <= 1.0:
-                res.naccept += 1
-                Y, Ynew = Ynew, Y
-                t = tf if last else t + h
-                hnew = min(hnew, span)
-                if reject_last:
-                    hnew = min(hnew, h)
-                reject_last = reject_more = False
-                h = hnew
-                break
-            res.nreject += 1
-            if reject_more:
-                hnew = h * _FAC_REJ
-            reject_more = reject_last
-            reject_last = True
-            h = hnew
-            last = False
             if res.nsteps >= max_steps:
+                res.success, res.message = False, f"max_steps={max_steps} reached at t={t}"
                 break
             if h < 10.0 * roundoff * max(abs(t), span * roundoff):
+                res.success = False
+                res.message = f"step size underflow (h={h:g}) at t={t}"
+                if not math.isfinite(err):
+                    res.message += " after a non-finite error estimate (NaN/inf in f, jac or the stages)"
                 break
-        if not res.success:
-            break
+            last = h >= tf - t
+            if last:
+                h = tf - t
+            if not have_f0:
+                call_f(t, Y, F0)
+            have_f0 = False
+            if not autonomous:
+                # KPP's forward difference for ∂f/∂t with δ = √eps·max(1e-5, |t|).
+                delta = math.sqrt(roundoff) * max(1e-5, abs(t))
+                call_f(t + delta, Y, Fs)
+                _fd_time(Fs, F0, 1.0 / delta, dfdt, CHUNK)
+            Jm.fill(0.0)
+            user(jac, t, Y, Jm)
+            res.njev += 1
+
+            # Attempts with the same Jacobian until one is accepted.
+            while True:
+                nsing = 0
+                while True:
+                    _assemble_w(Jm, W, lu.diag_slots, 1.0 / (h * tab.gamma), L, CHUNK)
+                    res.ndec += 1
+                    bad = lu._factor_unchecked(W, L)
+                    if bad is None:
+                        break
+                    nsing += 1
+                    if nsing > _MAX_SINGULAR:
+                        break
+                    h *= 0.5
+                    last = False
+                if bad is not None:
+                    res.success = False
+                    res.message = (f"W = I/(hγ) − J singular {nsing} times in a row "
+                                   f"(lane {bad[0]}, row {bad[1]}) at t={t}")
+                    break
+
+                for i in range(S):
+                    if i == 0:
+                        Fi = F0
+                    elif tab.newf[i]:
+                        _combine(Y, K, a_nz[i][0], a_nz[i][1], p, L, CHUNK, Yst)
+                        call_f(t + tab.alpha[i] * h, Yst, Fs)
+                        Fi = Fs
+                    ci, cv = c_nz[i]
+                    _stage_rhs(Fi, K, i, ci, cv / h, 0.0 if autonomous else tab.gsum[i] * h,
+                               dfdt, p, L, CHUNK)
+                    lu._solve_unchecked(W, K[i], L)
+                    res.nsol += 1
+                _combine(Y, K, m_idx, m_val, p, L, CHUNK, Ynew)
+                err = norm(Y, Ynew, e_idx, e_val)
+                res.nsteps += 1
+
+                if math.isfinite(err):
+                    fac = min(_FAC_MAX, max(_FAC_MIN, _FAC_SAFE / err ** (1.0 / tab.elo)))
+                else:
+                    fac = _FAC_REJ
+                hnew = h * fac
+                if err <= 1.0:
+                    res.naccept += 1
+                    Y, Ynew = Ynew, Y
+                    t = tf if last else t + h
+                    hnew = min(hnew, span)
+                    if reject_last:
+                        hnew = min(hnew, h)
+                    reject_last = reject_more = False
+                    h = hnew
+                    break
+                res.nreject += 1
+                if reject_more:
+                    hnew = h * _FAC_REJ
+                reject_more = reject_last
+                reject_last = True
+                h = hnew
+                last = False
+                if res.nsteps >= max_steps:
+                    break
+                if h < 10.0 * roundoff * max(abs(t), span * roundoff):
+                    break
+            if not res.success:
+                break
 
     res.t = t
     res.y = Y

@@ -24,24 +24,46 @@ Parallelism and determinism: lanes are cut into fixed-size chunks
 (independent of the thread count) and ``prange`` runs over chunks. Each lane
 sees the same sequence of floating-point operations whichever thread takes
 its chunk and however many threads exist, so results are bitwise identical
-for any ``numba.set_num_threads`` value.
+for any ``numba.set_num_threads`` value. Lanes never mix and fastmath is off
+(no FMA contraction), so a lane's bits do not even depend on whether it lands
+in a SIMD body or a scalar remainder, i.e. on ``L`` or the chunk size.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numba
 import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["SparseLaneLU", "CHUNK"]
+__all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
 #: that the partition — and hence every lane's arithmetic — never changes.
 CHUNK = 256
 
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+
+@contextmanager
+def single_chunk_threads(L: int) -> Iterator[None]:
+    """Run the enclosed kernels on one thread when ``L`` fits in one chunk.
+
+    A single chunk is a single ``prange`` iteration, so extra threads only add
+    a pool wake-up (tens of µs, far more on a loaded machine) per call.
+    Results are unaffected: the chunking never depends on the thread count.
+    """
+    if L > CHUNK:
+        yield
+        return
+    saved = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(saved)
 
 
 # --------------------------------------------------------------------------
@@ -269,7 +291,8 @@ class SparseLaneLU:
         """
         L = self._lanes(L)
         self._check("A", A, self.nnz * L)
-        return self._factor_unchecked(A, L)
+        with single_chunk_threads(L):
+            return self._factor_unchecked(A, L)
 
     def factor(self, A: np.ndarray, L: int) -> None:
         """Factor ``A`` (``nnz*L`` slots) in place; raise on a zero/NaN pivot."""
@@ -284,7 +307,8 @@ class SparseLaneLU:
         L = self._lanes(L)
         self._check("A", A, self.nnz * L)
         self._check("b", b, self.n * L, A.dtype)
-        self._solve_unchecked(A, b, L)
+        with single_chunk_threads(L):
+            self._solve_unchecked(A, b, L)
 
     # Unchecked entry points for callers (the integrator) that validated once.
     def _factor_unchecked(self, A, L):

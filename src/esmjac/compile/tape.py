@@ -1,0 +1,283 @@
+"""The model as data: an instruction tape over lane vectors.
+
+Generated source compiles in time that grows with the model (≈5 s per
+400-statement chunk here), so large mechanisms run as a *tape* instead: the
+same SSA, register-allocated (linear scan: a register is reused after its
+value's last use) and encoded as rows ``(op, dst, a, b, c)``, executed by one
+interpreter kernel compiled once and cached forever. Each work item is a
+chunk of lanes, and each instruction is a unit-stride loop over the chunk,
+so dispatch is amortized over :data:`CHUNK` lanes. Cell programs only
+(global programs read at computed offsets and stay generated code).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..errors import JacError
+from .ssa import Block
+
+__all__ = ["Tape", "encode", "run_tape", "CHUNK", "OPS"]
+
+CHUNK = 256
+OPS = ["const", "hoist", "param", "time", "idx", "lane_u", "lane_f", "store", "storeh",
+       "+", "-", "*", "/", "pow", "neg", "select", "<", "<=", ">", ">=", "==", "!=",
+       "and", "or", "not", "min", "max", "exp", "log", "log10", "sqrt", "sin", "cos", "tan",
+       "asin", "acos", "atan", "sinh", "cosh", "tanh", "abs", "sign", "floor", "ceil",
+       "atan2", "asinh", "acosh", "atanh"]
+_OPC = {o: i for i, o in enumerate(OPS)}
+
+
+class Tape:
+    """Encoded instructions (``code``: int64 rows), constants and register count."""
+
+    def __init__(self, code: np.ndarray, consts: np.ndarray, nreg: int):
+        self.code = code
+        self.consts = consts
+        self.nreg = nreg
+
+    def listing(self) -> str:
+        """Readable form (``esmjac kernel --tape``)."""
+        out = []
+        for i, (o, d, a, b, c) in enumerate(self.code.tolist()):
+            name = OPS[o]
+            if name == "const":
+                out.append(f"{i:6d}  r{d} = {self.consts[a]!r}")
+            elif name in ("hoist", "param", "idx"):
+                out.append(f"{i:6d}  r{d} = {name}[{a}]")
+            elif name in ("lane_u", "lane_f"):
+                out.append(f"{i:6d}  r{d} = {name[-1]}[{a}*L + l]")
+            elif name == "store":
+                out.append(f"{i:6d}  out[{a}*L + l] = r{d}")
+            elif name == "storeh":
+                out.append(f"{i:6d}  h[{a}] = r{d}")
+            elif name == "select":
+                out.append(f"{i:6d}  r{d} = r{b} if r{a} else r{c}")
+            else:
+                out.append(f"{i:6d}  r{d} = {name}(r{a}" + (f", r{b})" if b >= 0 else ")"))
+        return "\n".join(out)
+
+
+def encode(blk: Block, stores: list, store_op: str = "store") -> Tape:
+    """Tape of ``blk`` whose values ``stores`` ((value id, target), …) are
+    written out; unused values are dropped."""
+    ins = blk.ins
+    need = [False] * len(ins)
+    stack = [v for v, _ in stores]
+    while stack:
+        v = stack.pop()
+        if need[v]:
+            continue
+        need[v] = True
+        op, args = ins[v]
+        stack.extend(_operands(op, args))
+    last = {}
+    for v, (op, args) in enumerate(ins):
+        if need[v]:
+            for a in _operands(op, args):
+                last[a] = v
+    store_at: dict = {}
+    for v, tgt in stores:
+        store_at.setdefault(v, []).append(tgt)
+    consts: list = []
+    cpos: dict = {}
+    reg: dict = {}
+    free: list = []
+    nreg = 0
+    rows: list = []
+    for v, (op, args) in enumerate(ins):
+        if not need[v]:
+            continue
+        srcs = [reg[a] for a in _operands(op, args)]
+        for a in set(_operands(op, args)):        # operands dying here
+            if last.get(a) == v:
+                free.append(reg[a])
+        if free:
+            d = free.pop()
+        else:
+            d = nreg
+            nreg += 1
+        reg[v] = d
+        rows.append(_row(op, args, d, srcs, consts, cpos))
+        for tgt in store_at.get(v, ()):
+            rows.append((_OPC[store_op], d, tgt, -1, -1))
+        if v not in last:                         # stored only: dead now
+            free.append(d)
+    code = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    return Tape(code, np.array(consts or [0.0], dtype=np.float64), max(nreg, 1))
+
+
+def _operands(op: str, args: tuple) -> tuple:
+    if op in ("const", "hoist", "param", "time", "idx", "lane"):
+        return ()
+    if op in ("gload", "table"):
+        raise JacError("unsupported_construct", "computed-offset reads are not taped")
+    return tuple(args)
+
+
+def _row(op, args, d, srcs, consts, cpos) -> tuple:
+    if op == "const":
+        x = float(args[0])
+        k = cpos.get(x)
+        if k is None:
+            k = cpos[x] = len(consts)
+            consts.append(x)
+        return (_OPC["const"], d, k, -1, -1)
+    if op in ("hoist", "param", "idx"):
+        return (_OPC[op], d, int(args[0]), -1, -1)
+    if op == "time":
+        return (_OPC["time"], d, -1, -1, -1)
+    if op == "lane":
+        return (_OPC["lane_u" if args[0] == "u" else "lane_f"], d, int(args[1]), -1, -1)
+    if op not in _OPC:
+        raise JacError("unsupported_construct", f"`{op}` has no tape instruction")
+    s = list(srcs) + [-1, -1, -1]
+    return (_OPC[op], d, s[0], s[1], s[2])
+
+
+@nb.njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg):
+    """Execute ``code`` for lanes ``0..L-1`` (see module docstring)."""
+    nch = (L + CHUNK - 1) // CHUNK
+    for ch in nb.prange(nch):
+        l0 = ch * CHUNK
+        m = min(L, l0 + CHUNK) - l0
+        R = np.empty((nreg, CHUNK), dtype=np.float64)
+        for i in range(code.shape[0]):
+            o = code[i, 0]
+            d = code[i, 1]
+            a = code[i, 2]
+            b = code[i, 3]
+            c = code[i, 4]
+            if o == 0:
+                x = consts[a]
+                for j in range(m):
+                    R[d, j] = x
+            elif o == 1:
+                x = h[a]
+                for j in range(m):
+                    R[d, j] = x
+            elif o == 2:
+                x = p[a]
+                for j in range(m):
+                    R[d, j] = x
+            elif o == 3:
+                for j in range(m):
+                    R[d, j] = t
+            elif o == 4:
+                for j in range(m):
+                    R[d, j] = cix[a * L + l0 + j]
+            elif o == 5:
+                for j in range(m):
+                    R[d, j] = u[a * L + l0 + j]
+            elif o == 6:
+                for j in range(m):
+                    R[d, j] = f[a * L + l0 + j]
+            elif o == 7:
+                for j in range(m):
+                    out[a * L + l0 + j] = R[d, j]
+            elif o == 8:
+                h[a] = R[d, 0]
+            elif o == 9:
+                for j in range(m):
+                    R[d, j] = R[a, j] + R[b, j]
+            elif o == 10:
+                for j in range(m):
+                    R[d, j] = R[a, j] - R[b, j]
+            elif o == 11:
+                for j in range(m):
+                    R[d, j] = R[a, j] * R[b, j]
+            elif o == 12:
+                for j in range(m):
+                    R[d, j] = R[a, j] / R[b, j]
+            elif o == 13:
+                for j in range(m):
+                    R[d, j] = R[a, j] ** R[b, j]
+            elif o == 14:
+                for j in range(m):
+                    R[d, j] = -R[a, j]
+            elif o == 15:
+                for j in range(m):
+                    R[d, j] = R[b, j] if R[a, j] != 0.0 else R[c, j]
+            elif o <= 21:
+                for j in range(m):
+                    x = R[a, j]
+                    y = R[b, j]
+                    if o == 16:
+                        r = x < y
+                    elif o == 17:
+                        r = x <= y
+                    elif o == 18:
+                        r = x > y
+                    elif o == 19:
+                        r = x >= y
+                    elif o == 20:
+                        r = x == y
+                    else:
+                        r = x != y
+                    R[d, j] = 1.0 if r else 0.0
+            elif o == 22:
+                for j in range(m):
+                    R[d, j] = 1.0 if (R[a, j] != 0.0 and R[b, j] != 0.0) else 0.0
+            elif o == 23:
+                for j in range(m):
+                    R[d, j] = 1.0 if (R[a, j] != 0.0 or R[b, j] != 0.0) else 0.0
+            elif o == 24:
+                for j in range(m):
+                    R[d, j] = 0.0 if R[a, j] != 0.0 else 1.0
+            elif o == 25:
+                for j in range(m):
+                    R[d, j] = min(R[a, j], R[b, j])
+            elif o == 26:
+                for j in range(m):
+                    R[d, j] = max(R[a, j], R[b, j])
+            elif o == 44:
+                for j in range(m):
+                    R[d, j] = np.arctan2(R[a, j], R[b, j])
+            else:
+                for j in range(m):
+                    R[d, j] = _unary(o, R[a, j])
+    return 0
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _unary(o, x):
+    if o == 27:
+        return np.exp(x)
+    if o == 28:
+        return np.log(x)
+    if o == 29:
+        return np.log10(x)
+    if o == 30:
+        return np.sqrt(x)
+    if o == 31:
+        return np.sin(x)
+    if o == 32:
+        return np.cos(x)
+    if o == 33:
+        return np.tan(x)
+    if o == 34:
+        return np.arcsin(x)
+    if o == 35:
+        return np.arccos(x)
+    if o == 36:
+        return np.arctan(x)
+    if o == 37:
+        return np.sinh(x)
+    if o == 38:
+        return np.cosh(x)
+    if o == 39:
+        return np.tanh(x)
+    if o == 40:
+        return abs(x)
+    if o == 41:
+        return 1.0 if x > 0.0 else (-1.0 if x < 0.0 else 0.0)
+    if o == 42:
+        return np.floor(x)
+    if o == 43:
+        return np.ceil(x)
+    if o == 45:
+        return np.arcsinh(x)
+    if o == 46:
+        return np.arccosh(x)
+    return np.arctanh(x)
