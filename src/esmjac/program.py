@@ -220,6 +220,17 @@ class _Base:
             else:
                 fn(u, forcing, h, out)
 
+    def _warm(self, out_size: int) -> None:
+        """Compile (or load from Numba's cache) the float64 kernels now, so a
+        build includes compilation and the first call is a warm call."""
+        L = 1
+        u = np.ones(self.u_size(L))
+        f = np.ones(max(self.f_size(L), 1))
+        out = np.zeros(max(out_size, 1))
+        h = np.zeros(max(self.kernel.n_hoist, 1))
+        cix = lane_cells(self.layout.cell_shape, L) if self.kind == "cell" else np.zeros(1, np.int64)
+        self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
+
     def _forcing(self, forcing, lanes: int, dtype) -> np.ndarray:
         n = self.f_size(lanes)
         if forcing is None:
@@ -297,7 +308,7 @@ class RhsProgram(_Base):
                        view.element_type)
 
         prog = _build_doc_cached("rhs", source, model, None, opts, make)
-        prog.kernel.module()
+        prog._warm(prog.u_size(1))
         object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
         return prog
 
@@ -437,7 +448,7 @@ class JacobianProgram(_Base):
                        _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
-        prog.kernel.module()
+        prog._warm(prog.slab_size(1))
         object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
         return prog
 

@@ -144,22 +144,22 @@ def _thread_count(threads, n: int):
     return min(int(threads), int(numba.config.NUMBA_NUM_THREADS))
 
 
-def _with_threads(nthreads, fn, *args):
-    """``fn(*args)`` with numba's (thread-local) thread count set to ``nthreads``.
+def _with_threads(nthreads, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with numba's (thread-local) thread count set to ``nthreads``.
 
     esmjac's kernels are ``parallel=True``; on small problems the fork/join
     of every call costs far more than the work (milliseconds per call on a
     busy machine, against microseconds serially), so ``threads="auto"``
     runs small problems serially."""
     if nthreads is None:
-        return fn(*args)
+        return fn(*args, **kwargs)
     import numba
     prev = numba.get_num_threads()
     if prev == nthreads:
-        return fn(*args)
+        return fn(*args, **kwargs)
     numba.set_num_threads(nthreads)
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     finally:
         numba.set_num_threads(prev)
 
@@ -280,7 +280,9 @@ class IvpProblem:
         opts.update(kwargs)
         y0 = opts.pop("y0", self.y0)
         method = opts.pop("method", self.method)
-        return solve_ivp(self.fun, t_span, np.asarray(y0, dtype=np.float64), method=method, **opts)
+        # One thread-count switch for the whole run (fun/jac then find it set).
+        return _with_threads(self._st["threads"], solve_ivp, self.fun, t_span,
+                             np.asarray(y0, dtype=np.float64), method=method, **opts)
 
 
 def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, banded=False,

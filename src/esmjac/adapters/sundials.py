@@ -286,11 +286,12 @@ class SundialsProblem:
         tout = np.asarray(tout, dtype=np.float64)
         y = np.array(self.y0 if y0 is None else y0, dtype=np.float64)
         self._st["error"] = None
+        # One thread-count switch for the whole run (callbacks then find it set).
         if self.kind == "ida":
             yp = self.f(tout[0], y) if yp0 is None else np.array(yp0, dtype=np.float64)
-            res = self.solver.solve(tout, y, yp)
+            res = self._run(self.solver.solve, tout, y, yp)
         else:
-            res = self.solver.solve(tout, y)
+            res = self._run(self.solver.solve, tout, y)
         err = self._st.get("error")
         if err is not None:
             self._st["error"] = None

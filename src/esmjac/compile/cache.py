@@ -41,15 +41,15 @@ def load_source(source: str, key: str | None = None):
     """Import ``source`` as a module stored under its content hash."""
     key = key or content_hash(source)
     modname = f"esmjac_k{key[:40]}"
-    mod = sys.modules.get(modname)
-    if mod is not None:
-        return mod
     path = cache_dir() / f"k{key[:40]}.py"
     if not path.exists():
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as fh:
             fh.write(source)
         os.replace(tmp, path)          # atomic: concurrent builders agree
+    mod = sys.modules.get(modname)
+    if mod is not None:
+        return mod
     spec = importlib.util.spec_from_file_location(modname, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[modname] = mod
