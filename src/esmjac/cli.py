@@ -1,4 +1,4 @@
-"""``esmjac`` command line: bands, block, check, demo, adapters."""
+"""``esmjac`` command line: bands, block, check, kernel, goldens, demo, adapters."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ __all__ = ["main"]
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="an .esm document")
     p.add_argument("--model", default=None, help="model to differentiate (documents with several)")
-    p.add_argument("--wrt", default="states", choices=["states", "parameters", "time"])
+    p.add_argument("--wrt", default="states", choices=["states", "parameters", "forcing", "time"])
     p.add_argument("--faq", action="store_true",
                    help="spell the array op `faq` (esm >= 1.1.0) instead of the reference's `aggregate`")
 
@@ -88,6 +88,43 @@ def cmd_adapters(args) -> int:
     return 0
 
 
+def cmd_goldens(args) -> int:
+    from pathlib import Path
+
+    from .goldens import golden_files
+    files = golden_files(Path(args.fixtures))
+    out = Path(args.out)
+    stale = []
+    for name, text in sorted(files.items()):
+        path = out / name
+        if args.write:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        elif not path.exists() or path.read_text() != text:
+            stale.append(name)
+    if args.write:
+        print(f"wrote {len(files)} goldens to {out}")
+        return 0
+    for name in stale:
+        print(f"differs: {name}")
+    print(f"{len(files) - len(stale)}/{len(files)} goldens identical")
+    return 1 if stale else 0
+
+
+def cmd_kernel(args) -> int:
+    from .program import JacobianProgram, RhsProgram
+    opts = {"engine": args.engine, "allow_empty": True}
+    if args.rhs:
+        prog = RhsProgram.build(args.file, args.model, options=opts)
+    else:
+        prog = JacobianProgram.build(args.file, args.model, wrt=args.wrt, options=opts)
+    if args.evaldoc:
+        sys.stdout.write(prog.doc.to_json() + "\n")
+    else:
+        sys.stdout.write(prog.kernel.listing())
+    return 0
+
+
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(prog="esmjac", description="Exact analytical Jacobians for .esm models")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -106,6 +143,19 @@ def main(argv: list | None = None) -> int:
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("demo", help="build, verify and summarise the bundled example model")
     p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("goldens", help="compare (or --write) our evaluation-document and plan goldens")
+    p.add_argument("--fixtures", default="../shared/reference/fixtures")
+    p.add_argument("--out", default="goldens")
+    p.add_argument("--write", action="store_true", help="regenerate the files (explicit only)")
+    p.set_defaults(fn=cmd_goldens)
+    p = sub.add_parser("kernel", help="print the generated kernel source (or tape) of a model")
+    p.add_argument("file")
+    p.add_argument("--model", default=None)
+    p.add_argument("--wrt", default="states", choices=["states", "parameters", "forcing", "time"])
+    p.add_argument("--rhs", action="store_true", help="the right-hand side instead of a Jacobian")
+    p.add_argument("--engine", default="auto", choices=["auto", "codegen", "tape"])
+    p.add_argument("--evaldoc", action="store_true", help="print the evaluation document instead")
+    p.set_defaults(fn=cmd_kernel)
     p = sub.add_parser("adapters", help="list the installed solver adapters and the kinds they provide")
     p.set_defaults(fn=cmd_adapters)
     args = ap.parse_args(argv)

@@ -252,7 +252,7 @@ class ScatterPlan:
     # -- serialization --------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"esmjac_plan": 1, "layout": self.layout.name, "kind": self.kind,
-                "program": self.fingerprint[:16], "lanes": self.lanes,
+                "lanes": self.lanes,
                 "info": self.info,
                 "arrays": {k: v.tolist() for k, v in sorted(self.arrays.items())}}
 

@@ -251,7 +251,8 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     if opts["cache"]:
         from . import __version__
         import numba
-        key = _source_key(source, model, f"{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
+        from .compile.cache import code_version
+        key = _source_key(source, model, f"{code_version()}|{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
                                          f"{__version__}|{numba.__version__}")
     path = cache_dir() / f"b{key[:40]}.pkl" if key else None
     if path is not None and path.exists():

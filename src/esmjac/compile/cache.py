@@ -26,12 +26,28 @@ def cache_dir() -> Path:
     return p
 
 
+_CODE: list = []
+
+
+def code_version() -> str:
+    """Hash of esmjac's own source files: a build cached by an older esmjac
+    (even an unreleased edit) is never reused."""
+    if not _CODE:
+        h = hashlib.sha256()
+        root = Path(__file__).resolve().parent.parent
+        for p in sorted(root.rglob("*.py")):
+            h.update(p.relative_to(root).as_posix().encode())
+            h.update(p.read_bytes())
+        _CODE.append(h.hexdigest()[:16])
+    return _CODE[0]
+
+
 def content_hash(*parts: str) -> str:
     import numba
 
     from .. import __version__
     h = hashlib.sha256()
-    for s in (__version__, numba.__version__, *parts):
+    for s in (__version__, numba.__version__, code_version(), *parts):
         h.update(s.encode())
         h.update(b"\0")
     return h.hexdigest()
