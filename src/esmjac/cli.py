@@ -43,36 +43,9 @@ def cmd_check(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """The main job on the bundled model: build, verify, summarise."""
-    import time
-    from importlib.resources import files
-
-    from .bandset import BandSet
-    from .check import fd_check
-    from .factorization import block_lu_plan
-
-    path = str(files("esmjac") / "models" / "tropo12.esm")
-    t0 = time.perf_counter()
-    bs = BandSet.build(path)
-    t_build = time.perf_counter() - t0
-    view = bs.view
-    states = [n for n in view.states]
-    ncell = max((view.shape(n)[0] for n in states if view.shape(n)), default=1)
-    print(f"model      : {view.name} (bundled tropo12.esm)")
-    print(f"states     : {len(states)} species x {ncell} cells = {len(states) * ncell} unknowns")
-    print(f"parameters : {len(view.parameters)}")
-    print(f"bands      : {len(bs.entries)} (wrt=states), built in {t_build * 1e3:.0f} ms")
-    print(f"structure  : {bs.structure}")
-    if bs.structure == "block_diagonal":
-        plan = block_lu_plan(bs.entries)
-        n = len(plan.block_vars)
-        print(f"block      : {n}x{n}, {len(plan.pattern)} nonzeros per cell block")
-        print(f"block LU   : Markowitz order {' '.join(plan.block_vars)}; "
-              f"{len(plan.lu_pattern)} slots incl. {plan.fill} fill-in")
-    rep = fd_check(bs, points=2, lo=1e6, hi=1e12)
-    print(f"jacobian   : {rep.nnz} stored nonzeros of {(len(states) * ncell) ** 2}")
-    print(f"verified   : against finite differences of earthsci_ast.evaluate_rhs -> {rep.summary()}")
-    return 0 if rep.ok else 1
+    """The main job on the bundled model: build, verify, summarise, solve."""
+    from .demo import run_demo
+    return run_demo(cells=args.cells)
 
 
 def cmd_adapters(args) -> int:
@@ -141,7 +114,8 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--lo", type=float, default=0.2, help="random states are drawn from [lo, hi]")
     p.add_argument("--hi", type=float, default=1.0)
     p.set_defaults(fn=cmd_check)
-    p = sub.add_parser("demo", help="build, verify and summarise the bundled example model")
+    p = sub.add_parser("demo", help="build, verify and solve the bundled example model (analytic vs FD)")
+    p.add_argument("--cells", type=int, default=48, help="grid cells of the solve (default 48)")
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("goldens", help="compare (or --write) our evaluation-document and plan goldens")
     p.add_argument("--fixtures", default="../shared/reference/fixtures")
