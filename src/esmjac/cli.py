@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import numpy as np
+
 from .errors import JacError
 
 __all__ = ["main"]
@@ -48,6 +50,32 @@ def cmd_demo(args) -> int:
     return run_demo(cells=args.cells)
 
 
+def cmd_spy(args) -> int:
+    """Draw the Jacobian's sparsity pattern (structural, from the Csr plan)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise JacError("adapter_unavailable", "esmjac spy needs matplotlib: pip install 'esmjac[plot]'")
+    from scipy.sparse import csr_array
+
+    from .layouts import Csr
+    from .program import JacobianProgram
+    prog = JacobianProgram.build(args.file, args.model, wrt=args.wrt,
+                                 options={"progress": True, "allow_empty": args.wrt != "states"})
+    plan = prog.plan(Csr())
+    shape = tuple(plan.info["shape"])
+    m = csr_array((np.ones(plan.indices.size), plan.indices, plan.indptr), shape=shape)
+    fig, ax = plt.subplots(figsize=(6, 6 * shape[0] / max(shape[1], 1) if shape[1] else 6))
+    ax.spy(m, markersize=max(0.5, min(4.0, 400.0 / max(shape))))
+    ax.set_title(f"{prog.layout.model}: d f / d {args.wrt}  ({shape[0]}x{shape[1]}, nnz {m.nnz}, "
+                 f"{prog.structure})", fontsize=9)
+    fig.savefig(args.output, dpi=150, bbox_inches="tight")
+    print(f"wrote {args.output} ({shape[0]}x{shape[1]}, {m.nnz} nonzeros)")
+    return 0
+
+
 def cmd_adapters(args) -> int:
     """Table of installed solver adapters (no solver package is imported)."""
     from .plugins import adapter_infos
@@ -88,9 +116,9 @@ def cmd_kernel(args) -> int:
     from .program import JacobianProgram, RhsProgram
     opts = {"engine": args.engine, "allow_empty": True}
     if args.rhs:
-        prog = RhsProgram.build(args.file, args.model, options=opts)
+        prog = RhsProgram.build(args.file, args.model, options={**opts, "progress": True})
     else:
-        prog = JacobianProgram.build(args.file, args.model, wrt=args.wrt, options=opts)
+        prog = JacobianProgram.build(args.file, args.model, wrt=args.wrt, options={**opts, "progress": True})
     if args.evaldoc:
         sys.stdout.write(prog.doc.to_json() + "\n")
     else:
@@ -130,6 +158,12 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--engine", default="auto", choices=["auto", "codegen", "tape"])
     p.add_argument("--evaldoc", action="store_true", help="print the evaluation document instead")
     p.set_defaults(fn=cmd_kernel)
+    p = sub.add_parser("spy", help="draw the sparsity pattern (needs matplotlib: esmjac[plot])")
+    p.add_argument("file")
+    p.add_argument("--model", default=None)
+    p.add_argument("--wrt", default="states", choices=["states", "parameters", "forcing", "time"])
+    p.add_argument("-o", "--output", default="pattern.png")
+    p.set_defaults(fn=cmd_spy)
     p = sub.add_parser("adapters", help="list the installed solver adapters and the kinds they provide")
     p.set_defaults(fn=cmd_adapters)
     args = ap.parse_args(argv)
