@@ -354,3 +354,25 @@ def test_nan_from_finite_inputs_is_reported():
     u[2] = np.nan                     # non-finite in: passed through, not an error
     j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
     assert np.isnan(out[2]) and out[0] == 1.0
+
+
+@pytest.mark.parametrize("fx", ["tropo12", "bd_chem"])
+def test_fused_lane_kernels_equal_the_slab_path_bitwise(fx):
+    r, j = rhs_prog(fx), jac_prog(fx)
+    u = point(r, 6)
+    for lay in (LaneBlocks(), LaneBlocks("markowitz"), LaneSparseBlocks(), Csr()):
+        plan = j.plan(lay, source=r)
+        for dtype in (np.float64, np.float32):
+            outs = []
+            for keep in (True, False):
+                ws = j.new_workspace(keep_slab=keep)
+                out = np.full(plan.out_size(ws.lanes), np.nan, dtype)
+                j.eval_into(plan, u.astype(dtype), r.p0, 0.0, None, out, ws)
+                outs.append(out)
+            assert np.array_equal(outs[0], outs[1]), (lay, dtype)
+    ws = j.new_workspace(keep_slab=False)
+    plan = j.plan(Csr(), source=r)
+    j.eval_into(plan, u, r.p0, 0.0, None, np.zeros(plan.out_size(ws.lanes)), ws)
+    with pytest.raises(JacError) as e:
+        j.apply(plan, ws, np.zeros(j.col_size(ws.lanes)), np.zeros(j.u_size(ws.lanes)))
+    assert "keep_slab" in str(e.value)

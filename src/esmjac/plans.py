@@ -376,7 +376,21 @@ def _lane_blocks(prog, layout) -> tuple:
         a = np.arange(len(keys), dtype=_I)
     info["slots_per_lane"] = len(keys)
     arrays = dict(ptr=ptr, src=src, a=a, b=np.zeros(len(keys), _I), stride=np.ones(len(keys), _I))
+    arrays.update(_fused(arrays, prog.n_fields))
     return "lane", arrays, info, None
+
+
+def _fused(arrays: dict, nfields: int) -> dict:
+    """Per-band destinations (``fa/fb/fs``) for the fused kernels, and the
+    slots no band reaches (``za/zb/zs``), zeroed separately."""
+    ptr, src = arrays["ptr"], arrays["src"]
+    slot_of = np.full(nfields, -1, _I)
+    for s in range(len(ptr) - 1):
+        slot_of[src[ptr[s]:ptr[s + 1]]] = s
+    empty = np.flatnonzero(ptr[1:] == ptr[:-1])
+    return dict(fa=arrays["a"][slot_of], fb=arrays["b"][slot_of], fs=arrays["stride"][slot_of],
+                za=arrays["a"][empty], zb=arrays["b"][empty], zs=arrays["stride"][empty],
+                zptr=np.zeros(empty.size + 1, _I))
 
 
 def _csr(prog) -> tuple:
@@ -414,6 +428,7 @@ def _csr(prog) -> tuple:
         info = {"shape": [nrows, prog.n_cols], "nnz": int(indptr[-1]), "slots_per_lane": P}
         arrays = dict(ptr=ptr, src=src, a=np.array(a, _I), b=np.array(b, _I),
                       stride=np.array(stride, _I), indptr=indptr, indices=indices)
+        arrays.update(_fused(arrays, prog.n_fields))
         return "lane", arrays, info, N
     j, row, col = _points(prog)
     o = _csr_order(row, col, j.size)

@@ -382,6 +382,7 @@ class JacWorkspace:
     lanes: int
     cix: np.ndarray
     h: np.ndarray
+    keep_slab: bool = True
     slabs: dict = field(default_factory=dict)
     last_dtype: Any = None
     last_plan: Any = None
@@ -463,8 +464,13 @@ class JacobianProgram(_Base):
             return self.n_fields * lanes
         return int(self.meta["slab_size"])
 
-    def new_workspace(self, lanes: int | None = None) -> JacWorkspace:
-        """Scratch for one thread; ``lanes`` ≥ cells pads (cell programs)."""
+    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = True) -> JacWorkspace:
+        """Scratch for one thread; ``lanes`` ≥ cells pads (cell programs).
+
+        ``keep_slab=False`` lets ``eval_into`` write lane layouts directly
+        (fused kernels, no band slab: about half the memory traffic) for
+        callers that only need the matrix; ``apply``/``apply_transpose``/
+        ``contract`` then need a workspace that keeps the slab."""
         if self.kind == "global":
             if lanes not in (None, 1):
                 raise JacError("bad_argument", "a global-lane program has exactly one lane")
@@ -475,7 +481,8 @@ class JacobianProgram(_Base):
             if lanes < 1:
                 raise JacError("bad_argument", "lanes must be >= 1")
             cix = lane_cells(self.layout.cell_shape, lanes)
-        return JacWorkspace(self.fingerprint, lanes, cix, np.zeros(max(self.kernel.n_hoist, 1)))
+        return JacWorkspace(self.fingerprint, lanes, cix, np.zeros(max(self.kernel.n_hoist, 1)),
+                            keep_slab=bool(keep_slab))
 
     def plan(self, layout, source: "RhsProgram | None" = None):
         from .plans import build_plan
@@ -509,18 +516,36 @@ class JacobianProgram(_Base):
             raise JacError("bad_argument", "`out` is read-only")
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
-        B = ws.slab(u.dtype, self.slab_size(L))
-        self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
-        plan.scatter(B, L, out)
-        ws.last_dtype, ws.last_plan = u.dtype, plan.fingerprint
+        if not ws.keep_slab and plan.kind == "lane" and self.kernel.engine == "codegen":
+            self._run_fused(plan, u, pv, t, f, out, ws, L)
+            ws.last_dtype = None
+        else:
+            B = ws.slab(u.dtype, self.slab_size(L))
+            self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
+            plan.scatter(B, L, out)
+            ws.last_dtype = u.dtype
+        ws.last_plan = plan.fingerprint
         ws.second.pop("state", None)
         ws.second["point"] = (u, pv, float(t), f)
         if K.count_nonfinite(out):
             _report_nonfinite(out, (u, pv, f), "Jacobian")
         return out
 
+    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
+        from . import kernels as K
+        a = plan.arrays
+        if a["za"].shape[0]:
+            K.lane_gather(out, L, a["zptr"], a["src"], a["za"], a["zb"], a["zs"], out)
+        mod = self.kernel.module()
+        mod.prologue(p, float(t), ws.h)
+        for name in self.kernel.chunks:
+            getattr(mod, "f" + name)(u, f, ws.h, ws.cix, out, L, a["fa"], a["fb"], a["fs"])
+
     def _slab_of(self, ws: JacWorkspace):
         if ws.last_dtype is None:
+            if not ws.keep_slab:
+                raise JacError("bad_argument", "this workspace keeps no band slab (keep_slab=False); "
+                               "use new_workspace(keep_slab=True) for apply/apply_transpose/contract")
             raise JacError("bad_argument", "call eval_into first: apply/apply_transpose reuse its band slab")
         return ws.slabs[ws.last_dtype]
 

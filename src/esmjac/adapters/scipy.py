@@ -84,7 +84,8 @@ def _fill(base: np.ndarray | None, layout, names: tuple, value, n: int, what: st
     take a scalar or an array of the variable's shape)."""
     if value is None:
         if base is None:
-            raise JacError("bad_argument", f"the document gives no usable default for the {what}; pass it")
+            raise JacError("bad_argument",
+                           f"the document gives no usable default for the {what}; pass it")
         return np.array(base, dtype=np.float64, copy=True)
     if isinstance(value, dict):
         if base is None:
@@ -280,6 +281,9 @@ class IvpProblem:
         opts.update(kwargs)
         y0 = opts.pop("y0", self.y0)
         method = opts.pop("method", self.method)
+        if method != self.method:
+            raise JacError("bad_option", f"this problem's jac is shaped for method {self.method!r}; "
+                           f"build ivp(..., method={method!r}) for {method!r}")
         # One thread-count switch for the whole run (fun/jac then find it set).
         return _with_threads(self._st["threads"], solve_ivp, self.fun, t_span,
                              np.asarray(y0, dtype=np.float64), method=method, **opts)
@@ -299,21 +303,24 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     refused when the pattern is not banded (bandwidth > n/2).
     ``threads``: numba threads for ``fun``/``jac`` (``"auto"``: one thread
     below :data:`AUTO_SERIAL_BELOW` unknowns, else numba's setting; ``None``:
-    numba's setting; an int). ``build_options``: options of ``RhsProgram.build``/``JacobianProgram.build``.
+    numba's setting; an int). ``build_options``: options of
+    ``RhsProgram.build``/``JacobianProgram.build``.
     """
     if options:
         raise JacError("bad_option", f"unknown option(s) {', '.join(sorted(options))} of scipy.ivp; "
                        "known: model, method, p, forcing, y0, banded, threads, build_options")
     if method not in METHODS:
-        raise JacError("bad_option", f"unknown solve_ivp method {method!r}; use one of {', '.join(METHODS)}")
+        raise JacError("bad_option",
+                       f"unknown solve_ivp method {method!r}; use one of {', '.join(METHODS)}")
     if banded and method != "LSODA":
-        raise JacError("bad_option", f"banded=True is LSODA's packed banded Jacobian; method {method!r} "
-                       "takes a sparse Jacobian (leave banded=False)")
+        raise JacError("bad_option", f"banded=True is LSODA's packed banded Jacobian; method "
+                       f"{method!r} takes a sparse Jacobian (leave banded=False)")
     try:
-        import scipy.integrate  # noqa: F401
+        import scipy.integrate  # noqa: F401  (fail here, not inside solve)
         from scipy.sparse import csc_matrix
     except ImportError as exc:  # pragma: no cover - scipy is a core dependency
-        raise JacError("adapter_unavailable", "scipy is not installed; pip install 'scipy>=1.10'") from exc
+        raise JacError("adapter_unavailable",
+                       "scipy is not installed; pip install 'scipy>=1.10'") from exc
     r, j, plan = _programs(source, model, build_options)
     yv, pv, fv = _inputs(r, y0, p, forcing)
     rows, cols, n = _pattern(plan)

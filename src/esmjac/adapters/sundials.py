@@ -70,7 +70,11 @@ def _odes():
 # ---------------------------------------------------------------------------
 
 class _BlockPC:
-    """Dense per-cell blocks ``(cells, ns, ns)``, inverted in one batched call."""
+    """Dense per-cell blocks ``(cells, ns, ns)`` of ``I − γJ``: a cell
+    program's ``LaneBlocks``, or a gridded global program's same-point CSR
+    entries. ``factor`` inverts all blocks in one batched LAPACK call
+    (``numpy.linalg.inv``: getrf + getri per block), ``solve`` is one
+    batched mat-vec."""
 
     name = "block"
 
@@ -143,7 +147,8 @@ class _BandedPC:
         self.j = j
         self.plan = j.plan(ColumnBanded(axis), source=r)
         info = self.plan.info
-        self.kl, self.ku, self.m, self.C = int(info["kl"]), int(info["ku"]), int(info["m"]), int(info["columns"])
+        self.kl, self.ku = int(info["kl"]), int(info["ku"])
+        self.m, self.C = int(info["m"]), int(info["columns"])
         lay = r.layout
         shape = lay.shapes[lay.states[0]]
         ax = int(info["axis"])
@@ -348,7 +353,7 @@ def _guard(st: dict, fn):
 
 
 def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, forcing, y0,
-           axis, precond_type, threads, build_options, options) -> SundialsProblem:
+           axis, precond_type, jtimes, threads, build_options, options) -> SundialsProblem:
     ode, dae = _odes()
     from .scipy import _bandwidths, _inputs, _pattern, _programs, _thread_count
 
@@ -366,6 +371,11 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                        "scikits.odes 2.7 cannot run an IDA preconditioner (its prec_solvefn bridge "
                        "fails with AttributeError 'r_vec'); use cvode(..., linsolver='spgmr', "
                        f"precond={precond!r}) or ida(..., linsolver='spgmr') / 'dense'")
+    if jtimes not in ("newton", "setup"):
+        raise JacError("bad_option", f"jtimes must be 'newton' or 'setup', not {jtimes!r}")
+    if jtimes == "setup" and (kind != "cvode" or precond is None or not jacobian):
+        raise JacError("bad_option", "jtimes='setup' reuses the preconditioner's Jacobian: it needs "
+                       "cvode(..., linsolver='spgmr', precond='block' or 'banded')")
     if axis is not None and precond != "banded":
         raise JacError("bad_option", "axis= chooses the ColumnBanded grid axis of precond='banded'")
     for k in ("rfn", "Rfn", "jacfn", "jac_times_vecfn", "jac_times_setupfn", "prec_setupfn",
@@ -445,6 +455,19 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                 J[diag, diag] += cj
                 return 0
         fns["jacfn"] = _guard(st, jacfn)
+    elif linsolver in krylov and jacobian and jtimes == "setup":
+        # J·v from the Jacobian the preconditioner setup last evaluated (lagged
+        # like a direct solver's), on the preconditioner's own workspace.
+        def jac_times_vecfn(v, Jv, t, y):
+            pc = st["pc"]
+            if not pc.ready:
+                st["npeval"] += 1
+                pc.evaluate(float(t), np.ascontiguousarray(y), pv, fv)
+            st["njtimes"] += 1
+            Jv.fill(0.0)
+            j.apply(pc.plan, pc.ws, np.ascontiguousarray(v), Jv)
+            return 0
+        fns["jac_times_vecfn"] = _guard(st, jac_times_vecfn)
     elif linsolver in krylov and jacobian:
         if kind == "cvode":
             def jac_times_setupfn(t, y, fy):
@@ -499,10 +522,13 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
 
     solver_opts = {k: v for k, v in fns.items() if k not in ("rhsfn", "resfn")}
     opts.update(solver_opts)
-    if kind == "cvode":
-        solver = ode("cvode", fns["rhsfn"], **opts)
-    else:
-        solver = dae("ida", fns["resfn"], **opts)
+    try:
+        if kind == "cvode":
+            solver = ode("cvode", fns["rhsfn"], **opts)
+        else:
+            solver = dae("ida", fns["resfn"], **opts)
+    except ValueError as exc:
+        raise JacError("bad_option", f"scikits.odes refused the {kind} options: {exc}") from exc
     shown = {k: v for k, v in opts.items() if not callable(v)}
     return SundialsProblem(kind, solver, r, j, plan, yv, tuple(r.names), pv, fv, linsolver, precond,
                            shown, fns.get("rhsfn"), fns.get("resfn"), fns.get("jacfn"),
@@ -512,13 +538,17 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
 
 def cvode(source, *, model=None, linsolver="dense", precond=None, jacobian=True, rtol=1e-6,
           atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
-          threads="auto", build_options=None, **options) -> SundialsProblem:
+          jtimes="newton", threads="auto", build_options=None, **options) -> SundialsProblem:
     """A CVODE (BDF, Newton) solver for ``source`` with esmjac's exact Jacobian.
 
     ``linsolver``: ``"dense"`` (analytic ``jacfn``), ``"spgmr"``/``"spbcgs"``/
     ``"sptfqmr"`` (analytic J·v), ``"band"`` (difference-quotient band
     Jacobian, bandwidths from the pattern). ``precond``: ``"block"``,
     ``"banded"`` or ``None`` (Krylov only; ``axis`` = ColumnBanded axis).
+    ``jtimes``: ``"newton"`` evaluates J at every linear solve's (t, y)
+    (exact Newton–Krylov); ``"setup"`` (with a preconditioner) reuses the
+    Jacobian the preconditioner setup evaluated, so J is evaluated only
+    when CVODE asks for a new one (``jok`` false).
     ``jacobian=False``: give SUNDIALS no Jacobian callbacks (its own
     difference quotients). ``p``/``forcing``/``y0``: as in
     :func:`esmjac.adapters.scipy.ivp`, and so is ``threads`` (numba threads of
@@ -527,8 +557,8 @@ def cvode(source, *, model=None, linsolver="dense", precond=None, jacobian=True,
     """
     return _build("cvode", source, model=model, linsolver=linsolver, precond=precond,
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
-                  precond_type=precond_type, threads=threads, build_options=build_options,
-                  options=options)
+                  precond_type=precond_type, jtimes=jtimes, threads=threads,
+                  build_options=build_options, options=options)
 
 
 def ida(source, *, model=None, linsolver="dense", precond=None, jacobian=True, rtol=1e-6,
@@ -544,8 +574,8 @@ def ida(source, *, model=None, linsolver="dense", precond=None, jacobian=True, r
     """
     return _build("ida", source, model=model, linsolver=linsolver, precond=precond,
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
-                  precond_type=precond_type, threads=threads, build_options=build_options,
-                  options=options)
+                  precond_type=precond_type, jtimes="newton", threads=threads,
+                  build_options=build_options, options=options)
 
 
 # ---------------------------------------------------------------------------

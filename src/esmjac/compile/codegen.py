@@ -68,6 +68,7 @@ class _Printer:
         self.dimvars = dimvars
         self.names: dict = {}
         self.lines: list = []
+        self.hoisted: set = set()
 
     def ref(self, v: int) -> str:
         name = self.names.get(v)
@@ -94,7 +95,10 @@ class _Printer:
         if op == "time":
             return "t"
         if op == "hoist":
-            return f"h[{args[0]}]"
+            if self.prefix == "w":
+                return f"h[{args[0]}]"
+            self.hoisted.add(args[0])
+            return f"hv{args[0]}"
         if op == "idx":
             return self.dimvars[args[0]]
         if op == "lane":
@@ -314,7 +318,28 @@ def _chunk(name: str, blk: Block, taken: list, doc, dims) -> tuple:
             pre.append(f"d{d} = float({lo} + {q} % {n})" if d else f"d{d} = float({lo} + {q})")
         pr = _Printer(blk, "v", "q", dimvars)
     pr.run()
+    # Uniform values into locals before the loop: inside it they would be
+    # reloaded after every store (``out`` may alias ``h``).
+    hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
+    lines[2:2] = hv
     body = pre + pr.lines
+    fused = None
+    if dims is None and doc.wrt is not None:
+        # Fused variant: each band goes straight to its plan slot
+        # (out[oa[k]*L + ob[k] + l*os[k]]); the first band of a (row, col)
+        # pair assigns, later ones add — the same order as the slab gather.
+        # Destinations are read into locals before the loop: inside it they
+        # would be reloaded after every store (out may alias oa/ob/os).
+        first = _first_of_pair(doc)
+        fb = list(body)
+        dest = []
+        for (target, _), vals in taken:
+            k = target[1]
+            op = "=" if first[k] else "+="
+            dest += [f"    o{k} = oa[{k}] * L + ob[{k}]", f"    s{k} = os[{k}]"]
+            fb.append(f"out[o{k} + l * s{k}] {op} {pr.ref(vals[0])}")
+        fused = (["@nb.njit(parallel=True, **_JIT)", f"def f{name}(u, f, h, cix, out, L, oa, ob, os):"]
+                 + hv + dest + ["    for l in nb.prange(L):"] + ["        " + ln for ln in fb])
     for (target, _), vals in taken:
         if target[0] == "slab":
             pos = f"{target[1]} * L + l" if dims is None else f"{target[1]} + q"
@@ -326,7 +351,18 @@ def _chunk(name: str, blk: Block, taken: list, doc, dims) -> tuple:
             pos = _row_pos(base, shape, pins, dims)
             body.append(f"out[{pos}] += {pr.ref(vals[0])}")
     lines += ["        " + ln for ln in body]
+    if fused:
+        lines += [""] + fused
     return lines, len(pr.lines)
+
+
+def _first_of_pair(doc) -> list:
+    seen: set = set()
+    out = []
+    for f in doc.fields:
+        out.append((f.row, f.col) not in seen)
+        seen.add((f.row, f.col))
+    return out
 
 
 def _uses_idx(blk: Block, d: int) -> bool:

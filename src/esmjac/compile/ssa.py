@@ -20,7 +20,7 @@ import itertools
 import math
 
 from ..errors import JacError
-from ..expr import AGG, Node, free_names, is_lit, substitute
+from ..expr import AGG, Node, free_names, is_lit, node, substitute
 
 __all__ = ["Block", "Lowering", "UNARY", "BINARY"]
 
@@ -148,6 +148,15 @@ class Lowering:
 
     def _op(self, blk: Block, x: Node, vals: list) -> int:
         o = x.op
+        if o in ("+", "*") and not blk is self.prologue and len(vals) > 2:
+            # Gather the uniform operands of an n-ary sum/product into one
+            # prologue value (a rate constant times its stoichiometry), so
+            # the per-point work is only what varies. Order kept otherwise.
+            uni = [a for a in x.args if self._is_uniform(a)]
+            if 1 < len(uni) < len(x.args):
+                h = blk.emit("hoist", self.uniform(node(o, uni)))
+                rest = [v for a, v in zip(x.args, vals) if not self._is_uniform(a)]
+                return _fold(blk, o, [h] + rest)
         if o == "+":
             return _fold(blk, "+", vals) if vals else blk.emit("const", 0.0)
         if o == "*":
