@@ -78,6 +78,14 @@ class ModelLayout:
             n *= s
         return n
 
+    @cached_property
+    def n_state_elements(self) -> int:
+        return sum(self.size(s) for s in self.states)
+
+    @cached_property
+    def n_forcing_elements(self) -> int:
+        return sum(self.size(s) for s in self.forcing)
+
     def state_offsets(self) -> dict:
         """Base of each state in the flat ``evaluate_rhs`` order (L = cells)."""
         out, off = {}, 0
