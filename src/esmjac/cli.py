@@ -126,6 +126,15 @@ def cmd_kernel(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """The benchmark suite of DESIGN §10 (see ``esmjac.bench``)."""
+    from .bench import run_args
+    flags = [f for f, on in (("--quick", args.quick),) if on]
+    flags += [f"{k} {v}" for k, v in (("--json", args.json), ("--plots", args.plots),
+                                       ("--results", args.results), ("--only", args.only)) if v]
+    return run_args(args, " ".join(["esmjac bench", *flags]))
+
+
 def main(argv: list | None = None) -> int:
     ap = argparse.ArgumentParser(prog="esmjac", description="Exact analytical Jacobians for .esm models")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -166,6 +175,16 @@ def main(argv: list | None = None) -> int:
     p.set_defaults(fn=cmd_spy)
     p = sub.add_parser("adapters", help="list the installed solver adapters and the kinds they provide")
     p.set_defaults(fn=cmd_adapters)
+    p = sub.add_parser("bench", help="run the benchmark suite (targets T1-T5 of DESIGN §10)")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller run (10^4 cells only, B5 up to 150 species, no slow peers; < 5 min)")
+    p.add_argument("--json", metavar="FILE", default=None, help="write one JSON record per measurement")
+    p.add_argument("--plots", metavar="DIR", default=None, help="write PNG plots (needs matplotlib)")
+    p.add_argument("--results", metavar="FILE", default=None, help="write a Markdown report (RESULTS.md)")
+    p.add_argument("--bench-dir", default=None, help="folder with peers.py and mechanism.py")
+    p.add_argument("--fixtures", default=None, help="folder with the reference fixtures (bd_chem.esm, ...)")
+    p.add_argument("--only", default=None, help="comma-separated sections: chem,transport,apply,peers,build,e2e")
+    p.set_defaults(fn=cmd_bench)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

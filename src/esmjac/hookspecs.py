@@ -15,6 +15,8 @@ package lazily, inside the factory, never at module import time.
 """
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,3 +70,20 @@ def esmjac_create(kind: str, source: Any, options: dict[str, Any]) -> Any | None
     kind whose adapter is unavailable before this hook is called, and then
     asks only the chosen adapter. Import the solver package here, lazily.
     """
+
+
+def module_available(module: str) -> bool:
+    """Whether ``module`` can be imported, without importing it (for
+    ``esmjac_adapter_info``: solver packages are imported only when used)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def dist_version(dist: str) -> str:
+    """Installed version of distribution ``dist``, or ``""``."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return ""

@@ -13,7 +13,7 @@ CSR), are immutable, picklable and serialize to deterministic JSON.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

@@ -1,10 +1,8 @@
 """Native adapter (esmjac's own kernels): kinds ``"native.layouts"`` and ``"native.rosenbrock"``."""
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 
-from ..hookspecs import AdapterInfo, hookimpl
+from ..hookspecs import AdapterInfo, dist_version, hookimpl, module_available
 
 
 from dataclasses import dataclass, field  # noqa: E402
@@ -122,30 +120,15 @@ def rosenbrock(source, *, model=None, p=None, forcing=None, options=None, **extr
 _KINDS = ("native.layouts", "native.rosenbrock")
 
 
-def _find(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
-
-
 @hookimpl
 def esmjac_adapter_info() -> AdapterInfo:
     # The solver is esmjac itself (Numba-compiled kernels on NumPy arrays).
-    version = _version("esmjac")
-    numba, numpy = _version("numba"), _version("numpy")
-    if _find("numba") and _find("numpy"):
+    version = dist_version("esmjac")
+    numba, numpy = dist_version("numba"), dist_version("numpy")
+    if module_available("numba") and module_available("numpy"):
         return AdapterInfo("native", version, _KINDS, True,
                            f"esmjac's own kernels (numba {numba}, numpy {numpy})")
-    missing = " and ".join(m for m in ("numba", "numpy") if not _find(m))
+    missing = " and ".join(m for m in ("numba", "numpy") if not module_available(m))
     return AdapterInfo("native", version, _KINDS, False,
                        f"{missing} is not installed; pip install 'numba>=0.58' 'numpy>=1.24', "
                        "or use kind 'scipy.ivp'")

@@ -19,15 +19,13 @@ Nothing here imports SciPy at module import time; :func:`ivp` does.
 """
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import JacError
-from ..hookspecs import AdapterInfo, hookimpl
+from ..hookspecs import AdapterInfo, dist_version, hookimpl, module_available
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 
@@ -355,21 +353,10 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
 _KINDS = ("scipy.ivp",)
 
 
-def _find(module: str) -> bool:
-    """Whether ``module`` can be imported, without importing it."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 @hookimpl
 def esmjac_adapter_info() -> AdapterInfo:
-    try:
-        version = importlib.metadata.version("scipy")
-    except importlib.metadata.PackageNotFoundError:
-        version = ""
-    if _find("scipy"):  # top level only: find_spec("scipy.integrate") would import scipy
+    version = dist_version("scipy")
+    if module_available("scipy"):  # top level only: find_spec("scipy.integrate") would import scipy
         return AdapterInfo("scipy", version, _KINDS, True,
                            f"scipy {version or '(version unknown)'} (scipy.integrate.solve_ivp)")
     return AdapterInfo("scipy", version, _KINDS, False,

@@ -148,8 +148,6 @@ class _Printer:
 
 def generate(doc, *, max_stmts: int = 400, title: str = "") -> Generated:
     """Source for ``doc`` (an :class:`~esmjac.evaldoc.EvalDoc`)."""
-    from ..evaldoc import EvalDoc  # noqa: F401  (type only)
-
     lay = doc.layout
     low = _lowering(doc)
     rhs = doc.wrt is None
