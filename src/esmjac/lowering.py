@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .calculus import context
-from .calculus.bands import Ctx, _push_index, is_array_expr
+from .calculus.bands import Ctx, _push_index, is_array_expr, place_subregion
 from .calculus.inline import inline_observed, range_of, region_bound
 from .errors import JacError
 from .expr import AGG, Node, add, free_names, mul, node, op, substitute
@@ -154,23 +154,5 @@ def _makearray(out: list, e: Node, ctx: Ctx, scale: tuple) -> None:
         else:
             origins = [1] * len(keep)
         for srows, spins, expr in sub:
-            pins, rows2, subst = [], [], {}
-            kk = 0
-            for k, (lo, hi) in enumerate(rows):
-                if k in keep:
-                    r = spins[kk]
-                    rlo, rhi = srows[kk]
-                    shift = lo - origins[kk]
-                    kk += 1
-                    if isinstance(r, str):
-                        pins.append(r)
-                        if shift:
-                            subst[r] = add(r, -shift)
-                        rows2.append((rlo + shift, rhi + shift))
-                    else:
-                        pins.append(r + shift)
-                        rows2.append((r + shift, r + shift))
-                else:
-                    pins.append(lo)
-                    rows2.append((lo, lo))
+            pins, rows2, subst = place_subregion(rows, fullrank, origins, srows, spins)
             out.append((rows2, pins, substitute(expr, subst) if subst else expr))

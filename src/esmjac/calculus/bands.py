@@ -249,31 +249,40 @@ def _makearray(out, e: Node, v, ctx, scale) -> None:
             else:
                 origins = [1] * len(nonsing)
             for b in sub:
-                ridx, subst, rows2 = [], {}, []
-                full = len(b.ridx) == len(rows)
-                kk = 0
-                for k, (lo, hi) in enumerate(rows):
-                    if full or hi > lo:
-                        r = b.ridx[kk]
-                        rlo, rhi = b.rows[kk]
-                        shift = lo - origins[kk]
-                        kk += 1
-                        if isinstance(r, str):
-                            ridx.append(r)
-                            if shift:
-                                subst[r] = add(r, -shift)
-                            rows2.append((rlo + shift, rhi + shift))
-                        else:
-                            ridx.append(r + shift)
-                            rows2.append((r + shift, r + shift))
-                    else:
-                        ridx.append(lo)
-                        rows2.append((lo, lo))
+                ridx, rows2, subst = place_subregion(rows, len(b.ridx) == len(rows), origins,
+                                                     b.rows, b.ridx)
                 coef = substitute(b.coef, subst) if subst else b.coef
                 cidx = tuple(substitute(c, subst) for c in b.cidx) if subst else b.cidx
                 out.append(Band(tuple(rows2), tuple(ridx), cidx, coef, b.contracted))
         else:
             _scalar_bands(out, val, v, rows, [lo for lo, _ in rows], scale)
+
+
+def place_subregion(rows, full: bool, origins, sub_rows, sub_idx) -> tuple:
+    """Place a sub-array's region (rows ``sub_rows``, indices ``sub_idx``,
+    origin ``origins``) into a ``makearray`` region ``rows``: singleton
+    dimensions pin (unless ``full``), the others shift. Returns (row
+    indices, row ranges, substitution of shifted index names)."""
+    ridx, rows2, subst = [], [], {}
+    kk = 0
+    for lo, hi in rows:
+        if full or hi > lo:
+            r = sub_idx[kk]
+            rlo, rhi = sub_rows[kk]
+            shift = lo - origins[kk]
+            kk += 1
+            if isinstance(r, str):
+                ridx.append(r)
+                if shift:
+                    subst[r] = add(r, -shift)
+                rows2.append((rlo + shift, rhi + shift))
+            else:
+                ridx.append(r + shift)
+                rows2.append((r + shift, r + shift))
+        else:
+            ridx.append(lo)
+            rows2.append((lo, lo))
+    return ridx, rows2, subst
 
 
 def _push_index(e, idx: list, ctx: Ctx):
