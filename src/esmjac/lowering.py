@@ -18,7 +18,7 @@ from .calculus import context
 from .calculus.bands import Ctx, _push_index, is_array_expr, place_subregion
 from .calculus.inline import inline_observed, range_of, region_bound
 from .errors import JacError
-from .expr import AGG, Node, add, free_names, mul, node, op, substitute
+from .expr import AGG, Node, free_names, mul, node, op, substitute
 from .load import SystemView, lhs_state
 
 __all__ = ["Piece", "rhs_pieces"]
