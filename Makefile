@@ -40,8 +40,8 @@ test: $(STAMP_TEST)
 goldens: $(STAMP_BASE)
 	$(VPY) -m esmjac goldens --write
 
-bench: $(STAMP_BASE)
-	$(VPY) benchmarks/bench_calculus.py
+bench: $(STAMP_TEST)
+	$(VPY) benchmarks/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -13,7 +13,7 @@ CSR), are immutable, picklable and serialize to deterministic JSON.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -227,6 +227,15 @@ class ScatterPlan:
     arrays: dict               # read-only index arrays
     info: dict                 # JSON-able facts (shape, ordering, lu_pattern, bands…)
     lanes: int | None = None   # required lane count (None: any)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_cache"] = {k: v for k, v in self._cache.items() if k == "fused_kernel"}
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
 
     def out_size(self, lanes: int) -> int:
         if self.kind == "lane":
@@ -375,6 +384,7 @@ def _lane_blocks(prog, layout) -> tuple:
         ptr, src = _slots_from(keys, rc)
         a = np.arange(len(keys), dtype=_I)
     info["slots_per_lane"] = len(keys)
+    info["unit_stride"] = True
     arrays = dict(ptr=ptr, src=src, a=a, b=np.zeros(len(keys), _I), stride=np.ones(len(keys), _I))
     arrays.update(_fused(arrays, prog.n_fields))
     return "lane", arrays, info, None
@@ -418,13 +428,13 @@ def _csr(prog) -> tuple:
         indptr = np.zeros(nrows + 1, _I)
         counts = np.repeat([len(per[s]) for s in range(n)], N)
         indptr[1:] = np.cumsum(counts)
-        indices = np.empty(int(indptr[-1]), _I)
+        parts = []
+        cells = np.arange(N, dtype=_I)[:, None]
         for s in range(n):
-            for cell in range(N):
-                r0 = indptr[s * N + cell]
-                for j, c in enumerate(per[s]):
-                    v = cols[c]
-                    indices[r0 + j] = prog.col_base[v] + (cell if v in lane_vars else 0)
+            base = np.array([prog.col_base[cols[c]] for c in per[s]], dtype=_I)
+            lane = np.array([cols[c] in lane_vars for c in per[s]], dtype=_I)
+            parts.append((base[None, :] + cells * lane[None, :]).ravel())
+        indices = np.concatenate(parts) if parts else np.zeros(0, _I)
         info = {"shape": [nrows, prog.n_cols], "nnz": int(indptr[-1]), "slots_per_lane": P}
         arrays = dict(ptr=ptr, src=src, a=np.array(a, _I), b=np.array(b, _I),
                       stride=np.array(stride, _I), indptr=indptr, indices=indices)
@@ -482,6 +492,11 @@ def _column_banded(prog, layout: ColumnBanded) -> tuple:
     m = nz * ns
     kl = int(max(0, (ri - ci).max(initial=0)))
     ku = int(max(0, (ci - ri).max(initial=0)))
+    if m > 8 and kl + ku + 1 > m // 2:
+        raise JacError("nonuniform_pattern",
+                       f"the Jacobian is not banded along axis {axis} (bandwidths {kl}/{ku} of {m} "
+                       "unknowns per column, e.g. a periodic wrap-around); band storage would be "
+                       "mostly zeros — use Csr()")
     pos = ((ku + ri - ci) * m + ci) * C + rl
     o = _csr_order(pos, j, j.size)
     p_sorted = pos[o]

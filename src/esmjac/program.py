@@ -52,6 +52,11 @@ _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 SERIAL_BELOW = 20000
 
 
+def _one_thread() -> bool:
+    import numba
+    return numba.get_num_threads() == 1
+
+
 class _Serial:
     """Run small calls on one numba thread (thread-local setting, restored)."""
 
@@ -188,14 +193,27 @@ class _Kernel:
         return self.source
 
 
+def _distinct_nodes(exprs: list) -> int:
+    from .expr import Node, iter_children
+    seen: set = set()
+    stack = list(exprs)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Node) and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(iter_children(x))
+    return len(seen)
+
+
 def _compile(doc: EvalDoc, opts: dict) -> _Kernel:
     engine = opts["engine"]
     if engine not in ("auto", "codegen", "tape"):
         raise JacError("bad_option", f"engine must be 'auto', 'codegen' or 'tape'; got {engine!r}")
     if engine == "auto" and doc.kind == "cell":
-        # Statement count decides: generated chunks compile in ~5 s each here,
-        # the tape interpreter is compiled once for every model.
-        n = sum(1 for f in doc.fields) * 4 + len(doc.observed) * 2
+        # Size decides: generated chunks compile in ~5 s per 400 statements
+        # here, the tape interpreter is compiled once for every model. The
+        # distinct expression nodes approximate the statement count.
+        n = _distinct_nodes([doc.expanded(f.expr) for f in doc.fields])
         engine = "tape" if n > int(opts["tape_above"]) else "codegen"
     if engine == "tape":
         from .compile.codegen import tape_program
@@ -241,8 +259,9 @@ class _Base:
             return
         mod = kern.module()
         mod.prologue(p, float(t), h)
+        pre = "s" if _one_thread() else ""
         for name, kind in zip(kern.chunks, kern.chunk_kinds):
-            fn = getattr(mod, name)
+            fn = getattr(mod, pre + name)
             if kind == "cell":
                 fn(u, forcing, h, cix, out, lanes)
             else:
@@ -562,15 +581,28 @@ class JacobianProgram(_Base):
             _report_nonfinite(out, (u, pv, f), "Jacobian")
         return out
 
+    def _fused_kernel(self, plan) -> _Kernel:
+        """The plan-specific fused kernel (generated on first use, cached on
+        the plan and on disk by content hash)."""
+        k = plan._cache.get("fused_kernel")
+        if k is None:
+            a = plan.arrays
+            dest = list(zip(a["fa"].tolist(), a["fb"].tolist(), a["fs"].tolist()))
+            zeros = list(zip(a["za"].tolist(), a["zb"].tolist(), a["zs"].tolist()))
+            g = run_deep(generate, self.doc, max_stmts=PROGRAM_OPTIONS["max_stmts"],
+                         title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
+            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
+            plan._cache["fused_kernel"] = k
+        return k
+
     def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
-        from . import kernels as K
-        a = plan.arrays
-        if a["za"].shape[0]:
-            K.lane_gather(out, L, a["zptr"], a["src"], a["za"], a["zb"], a["zs"], out)
-        mod = self.kernel.module()
-        mod.prologue(p, float(t), ws.h)
-        for name in self.kernel.chunks:
-            getattr(mod, "f" + name)(u, f, ws.h, ws.cix, out, L, a["fa"], a["fb"], a["fs"])
+        kern = self._fused_kernel(plan)
+        mod = kern.module()
+        h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
+        mod.prologue(p, float(t), h)
+        pre = "sfl" if _one_thread() else "fl"
+        for name in kern.chunks:
+            getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
 
     def _slab_of(self, ws: JacWorkspace):
         if ws.last_dtype is None:

@@ -27,6 +27,7 @@ def cache_dir() -> Path:
 
 
 _CODE: list = []
+_LOADED: dict = {}
 
 
 def code_version() -> str:
@@ -62,6 +63,9 @@ def load_source(source: str, key: str | None = None):
     """Import ``source`` as a module stored under its content hash."""
     key = key or content_hash(source)
     modname = f"esmjac_k{key[:40]}"
+    mod = _LOADED.get(modname)
+    if mod is not None:          # the per-call path: no file-system access
+        return mod
     path = cache_dir() / f"k{key[:40]}.py"
     if not path.exists():
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -69,10 +73,10 @@ def load_source(source: str, key: str | None = None):
             fh.write(source)
         os.replace(tmp, path)          # atomic: concurrent builders agree
     mod = sys.modules.get(modname)
-    if mod is not None:
-        return mod
-    spec = importlib.util.spec_from_file_location(modname, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(modname, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = mod
+        spec.loader.exec_module(mod)
+    _LOADED[modname] = mod
     return mod
