@@ -492,7 +492,7 @@ def _column_banded(prog, layout: ColumnBanded) -> tuple:
     m = nz * ns
     kl = int(max(0, (ri - ci).max(initial=0)))
     ku = int(max(0, (ci - ri).max(initial=0)))
-    if m > 8 and kl + ku + 1 > m // 2:
+    if kl + ku + 1 > max(2 * ns + 1, m // 2):   # wider than a level's block and half the column
         raise JacError("nonuniform_pattern",
                        f"the Jacobian is not banded along axis {axis} (bandwidths {kl}/{ku} of {m} "
                        "unknowns per column, e.g. a periodic wrap-around); band storage would be "

@@ -63,7 +63,8 @@ def load_source(source: str, key: str | None = None):
     """Import ``source`` as a module stored under its content hash."""
     key = key or content_hash(source)
     modname = f"esmjac_k{key[:40]}"
-    mod = _LOADED.get(modname)
+    memo = (os.environ.get("ESMJAC_CACHE_DIR"), modname)
+    mod = _LOADED.get(memo)
     if mod is not None:          # the per-call path: no file-system access
         return mod
     path = cache_dir() / f"k{key[:40]}.py"
@@ -78,5 +79,5 @@ def load_source(source: str, key: str | None = None):
         mod = importlib.util.module_from_spec(spec)
         sys.modules[modname] = mod
         spec.loader.exec_module(mod)
-    _LOADED[modname] = mod
+    _LOADED[memo] = mod
     return mod

@@ -148,14 +148,19 @@ class Lowering:
 
     def _op(self, blk: Block, x: Node, vals: list) -> int:
         o = x.op
-        if o in ("+", "*") and not blk is self.prologue and len(vals) > 2:
+        if o in ("+", "*") and blk is not self.prologue and len(vals) >= 2:
             # Gather the uniform operands of an n-ary sum/product into one
             # prologue value (a rate constant times its stoichiometry), so
             # the per-point work is only what varies. Order kept otherwise.
             uni = [a for a in x.args if self._is_uniform(a)]
-            if 1 < len(uni) < len(x.args):
-                h = blk.emit("hoist", self.uniform(node(o, uni)))
+            if 1 <= len(uni) < len(x.args) and (len(uni) > 1 or o == "*"):
+                h = blk.emit("hoist", self.uniform(node(o, uni) if len(uni) > 1 else uni[0]))
                 rest = [v for a, v in zip(x.args, vals) if not self._is_uniform(a)]
+                if o == "*":
+                    # Varying factors first, in value order: k1*A*B, -k1*B*A
+                    # share A*B (a reaction's concentration product) across
+                    # the species it moves.
+                    return blk.emit("*", _fold(blk, o, sorted(rest)), h) if rest else h
                 return _fold(blk, o, [h] + rest)
         if o == "+":
             return _fold(blk, "+", vals) if vals else blk.emit("const", 0.0)
