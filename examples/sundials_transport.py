@@ -26,12 +26,12 @@ Run: ``python examples/sundials_transport.py``.
 """
 from __future__ import annotations
 
-import importlib.resources
-import json
 import time
 import warnings
 
 import numpy as np
+
+from esmjac.gridded import column_model
 
 from esmjac.adapters.sundials import cvode
 
@@ -41,38 +41,6 @@ NX, NZ = 2, 16                 # columns x levels
 K_ADV = 2e-4                   # 1/s: upward transport between levels
 T_END = 6 * 3600.0
 RTOL, ATOL = 1e-6, 1e-2        # molec cm^-3
-
-
-def column_model(nx: int, nz: int, k_adv: float = K_ADV) -> dict:
-    """tropo12 on an (x, lev) grid with upwind transport along ``lev``."""
-    doc = json.loads((importlib.resources.files("esmjac") / "models" / "tropo12.esm").read_text())
-    doc["index_sets"] = {"x": {"kind": "interval", "size": nx}, "lev": {"kind": "interval", "size": nz}}
-    chem = doc["models"]["Chem"]
-    for var in chem["variables"].values():
-        if var.get("shape") == ["cell"]:
-            var["shape"] = ["x", "lev"]
-    chem["variables"]["k_adv"] = {"type": "parameter", "default": k_adv, "units": "1/s"}
-
-    def two_d(e):                  # X[i] -> X[i, k]
-        if isinstance(e, dict):
-            if e.get("op") == "index" and len(e["args"]) == 2 and e["args"][1] == "i":
-                return {**e, "args": [e["args"][0], "i", "k"]}
-            return {key: two_d(val) for key, val in e.items()}
-        if isinstance(e, list):
-            return [two_d(x) for x in e]
-        return e
-
-    for eq in chem["equations"]:
-        x = eq["lhs"]["args"][0]
-        rhs = two_d(eq["rhs"])
-        rhs["output_idx"] = ["i", "k"]
-        rhs["ranges"] = {"i": {"from": "x"}, "k": {"from": "lev"}}
-        below = {"op": "index", "args": [x, "i", {"op": "max", "args": [{"op": "-", "args": ["k", 1]}, 1]}]}
-        here = {"op": "index", "args": [x, "i", "k"]}
-        rhs["expr"] = {"op": "+", "args": [rhs["expr"], {"op": "*", "args": [
-            "k_adv", {"op": "-", "args": [below, here]}]}]}
-        eq["rhs"] = rhs
-    return doc
 
 
 RUNS = (

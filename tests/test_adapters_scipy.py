@@ -8,10 +8,11 @@ far fewer ``fun`` calls; LSODA's dense and packed banded forms; refusals.
 from __future__ import annotations
 
 import importlib.resources
-import json
 import warnings
 
 import numpy as np
+
+from esmjac.gridded import column_model
 import pytest
 import scipy.sparse as sp
 
@@ -24,38 +25,6 @@ warnings.filterwarnings("ignore", message=".*aggregate.*")
 TROPO = str(importlib.resources.files("esmjac") / "models" / "tropo12.esm")
 T_END = 2 * 3600.0
 RTOL, ATOL = 1e-7, 1e-3
-
-
-def column_model(nx: int, nz: int, k_adv: float = 2e-4) -> dict:
-    """tropo12 on an (x, lev) grid with upwind transport along ``lev`` (a global program)."""
-    doc = json.loads(importlib.resources.files("esmjac").joinpath("models", "tropo12.esm").read_text())
-    doc["index_sets"] = {"x": {"kind": "interval", "size": nx}, "lev": {"kind": "interval", "size": nz}}
-    chem = doc["models"]["Chem"]
-    for var in chem["variables"].values():
-        if var.get("shape") == ["cell"]:
-            var["shape"] = ["x", "lev"]
-    chem["variables"]["k_adv"] = {"type": "parameter", "default": k_adv, "units": "1/s"}
-
-    def two_d(e):
-        if isinstance(e, dict):
-            if e.get("op") == "index" and len(e["args"]) == 2 and e["args"][1] == "i":
-                return {**e, "args": [e["args"][0], "i", "k"]}
-            return {key: two_d(val) for key, val in e.items()}
-        if isinstance(e, list):
-            return [two_d(x) for x in e]
-        return e
-
-    for eq in chem["equations"]:
-        x = eq["lhs"]["args"][0]
-        rhs = two_d(eq["rhs"])
-        rhs["output_idx"] = ["i", "k"]
-        rhs["ranges"] = {"i": {"from": "x"}, "k": {"from": "lev"}}
-        below = {"op": "index", "args": [x, "i", {"op": "max", "args": [{"op": "-", "args": ["k", 1]}, 1]}]}
-        here = {"op": "index", "args": [x, "i", "k"]}
-        rhs["expr"] = {"op": "+", "args": [rhs["expr"], {"op": "*", "args": [
-            "k_adv", {"op": "-", "args": [below, here]}]}]}
-        eq["rhs"] = rhs
-    return doc
 
 
 def diffusion_model(n: int = 12) -> dict:

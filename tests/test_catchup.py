@@ -2,7 +2,6 @@
 behaviour (zero bands, declared types, un-pruned inlining, silent success)."""
 from __future__ import annotations
 
-import copy
 
 import pytest
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy.sparse import csr_array
 
-from test_program import TROPO12, close, jac_prog, point, rhs_prog, src_of
+from test_program import TROPO12, close, jac_prog, point, rhs_prog
 
 from esmjac import JacError
 from esmjac.layouts import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks

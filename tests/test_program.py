@@ -3,7 +3,6 @@ earthsci-ast's own right-hand side, JacobianProgram.eval_into against the
 reference assembly (every fixture, wrt, layout; three random points)."""
 from __future__ import annotations
 
-import copy
 import json
 import pathlib
 import sys
@@ -16,6 +15,7 @@ from conftest import ALL_FIXTURES, FIXTURES, need_reference
 
 from esmjac import JacError, assemble
 from esmjac.check import _flat, rhs_vector
+from esmjac.gridded import resized_fixture
 from esmjac.layouts import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
 from esmjac.load import load_view
 from esmjac.program import JacobianProgram, RhsProgram
@@ -79,35 +79,7 @@ def test_rhs_matches_evaluate_rhs(fx):
 
 
 def _resized(fx, sizes):
-    """The fixture on a longer 1-D grid: index-set sizes grow by ``delta``
-    and so do the literal region/range bounds and pinned subscripts near the
-    top end (the fixtures spell their boundary regions with literals)."""
-    doc = json.loads(src_of(fx).read_text())
-    old = min(doc["index_sets"][n]["size"] for n in sizes)
-    delta = min(sizes.values()) - old
-    for name, n in sizes.items():
-        doc["index_sets"][name]["size"] = n
-
-    def bump(v):
-        return v + delta if isinstance(v, int) and not isinstance(v, bool) and v > old // 2 else v
-
-    def walk(x):
-        if isinstance(x, dict):
-            if "regions" in x:
-                x["regions"] = [[[bump(a) for a in r] for r in reg] for reg in x["regions"]]
-            if isinstance(x.get("ranges"), dict):
-                for k, r in x["ranges"].items():
-                    if isinstance(r, list):
-                        x["ranges"][k] = [bump(a) for a in r]
-            if x.get("op") == "index":
-                x["args"] = [x["args"][0]] + [bump(a) for a in x["args"][1:]]
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-    walk(doc["models"])
-    return doc
+    return resized_fixture(json.loads(src_of(fx).read_text()), sizes)
 
 
 SCALED = {

@@ -52,6 +52,8 @@ import warnings
 
 import numpy as np
 
+from .gridded import resized_fixture
+
 __all__ = ["run", "main", "Bench"]
 
 PKG = pathlib.Path(__file__).resolve().parent
@@ -169,40 +171,6 @@ def _resize_set(doc: dict, sizes: dict) -> dict:
                 n = sizes[sh[0]]
                 var["default"] = [d[i % len(d)] for i in range(n)]
     return out
-
-
-def resized_fixture(doc: dict, sizes: dict) -> dict:
-    """A transport fixture on a longer 1-D grid. The fixtures spell their
-    boundary regions with literal bounds: index-set sizes grow by ``delta``
-    and so do the literal region/range bounds and pinned subscripts in the
-    upper half of the old grid (as ``tests/test_program.py`` does)."""
-    import copy
-    doc = copy.deepcopy(doc)
-    old = min(doc["index_sets"][n]["size"] for n in sizes)
-    delta = min(sizes.values()) - old
-    for name, n in sizes.items():
-        doc["index_sets"][name]["size"] = n
-
-    def bump(v):
-        return v + delta if isinstance(v, int) and not isinstance(v, bool) and v > old // 2 else v
-
-    def walk(x):
-        if isinstance(x, dict):
-            if "regions" in x:
-                x["regions"] = [[[bump(a) for a in r] for r in reg] for reg in x["regions"]]
-            if isinstance(x.get("ranges"), dict):
-                for k, r in x["ranges"].items():
-                    if isinstance(r, list):
-                        x["ranges"][k] = [bump(a) for a in r]
-            if x.get("op") == "index":
-                x["args"] = [x["args"][0]] + [bump(a) for a in x["args"][1:]]
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-    walk(doc["models"])
-    return doc
 
 
 def _point(prog, seed: int):

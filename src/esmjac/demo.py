@@ -10,24 +10,12 @@ times, the speed-up and the agreement.
 """
 from __future__ import annotations
 
-import json
 import time
 from importlib.resources import files
 
 import numpy as np
 
-__all__ = ["run_demo", "gridded_tropo12"]
-
-
-def gridded_tropo12(cells: int, seed: int = 0) -> tuple:
-    """(document, forcing fj per cell, y0 overrides) for tropo12 on ``cells``."""
-    doc = json.loads((files("esmjac") / "models" / "tropo12.esm").read_text())
-    doc["index_sets"]["cell"]["size"] = cells
-    rng = np.random.default_rng(seed)
-    fj = np.linspace(0.2, 1.0, cells)                 # dawn-to-noon photolysis across the grid
-    y0 = {"NO": 2.5e10 * rng.uniform(0.3, 3.0, cells), "NO2": 1.2e11 * rng.uniform(0.3, 3.0, cells),
-          "CO": 3.7e12 * rng.uniform(0.8, 1.2, cells)}
-    return doc, {"fj": fj}, y0
+__all__ = ["run_demo"]
 
 
 def run_demo(cells: int = 48, t_end: float = 7200.0, out=print) -> int:
@@ -35,6 +23,7 @@ def run_demo(cells: int = 48, t_end: float = 7200.0, out=print) -> int:
     from .bandset import BandSet
     from .check import fd_check
     from .factorization import block_lu_plan
+    from .gridded import gridded_tropo12
 
     path = str(files("esmjac") / "models" / "tropo12.esm")
     t0 = time.perf_counter()
