@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from esmjac.gridded import column_model
+from esmjac.gridded import column_model, diffusion_model
 import pytest
 
 from esmjac.errors import JacError
@@ -42,27 +42,6 @@ FJ = np.linspace(0.2, 1.5, 8)
 TOUT = np.linspace(0.0, 2 * 3600.0, 5)
 RTOL, ATOL = 1e-8, 1e-3
 FLOOR = 1e3                  # relative-error floor (molec cm^-3) for near-zero species
-
-
-def diffusion_model(n: int) -> dict:
-    """One species on a line: diffusion with zero-flux ends and c² decay (tridiagonal)."""
-    def at(e):
-        return {"op": "index", "args": ["c", e]}
-    expr = {"op": "+", "args": [
-        {"op": "*", "args": ["D", {"op": "+", "args": [
-            at({"op": "max", "args": [{"op": "-", "args": ["i", 1]}, 1]}),
-            {"op": "*", "args": [-2, at("i")]},
-            at({"op": "min", "args": [{"op": "+", "args": ["i", 1]}, n]})]}]},
-        {"op": "*", "args": [-1, "k", {"op": "^", "args": [at("i"), 2]}]}]}
-    return {"esm": "1.1.0", "metadata": {"name": "Diffusion1D", "description": "adapter tests"},
-            "index_sets": {"x": {"kind": "interval", "size": n}},
-            "models": {"Tr": {"variables": {
-                "c": {"type": "unknown", "shape": ["x"], "default": [1.0 + float(np.sin(i)) for i in range(n)]},
-                "D": {"type": "parameter", "default": 50.0},
-                "k": {"type": "parameter", "default": 0.3}},
-                "equations": [{"lhs": {"op": "D", "args": ["c"], "wrt": "t"},
-                               "rhs": {"op": "faq", "output_idx": ["i"], "args": [],
-                                       "ranges": {"i": {"from": "x"}}, "expr": expr}}]}}}
 
 
 def _y0(seed=0):

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 
-__all__ = ["gridded_tropo12", "column_model", "resized_fixture", "tropo12_doc"]
+__all__ = ["gridded_tropo12", "column_model", "diffusion_model", "resized_fixture", "tropo12_doc"]
 
 
 def tropo12_doc() -> dict:
@@ -93,3 +93,24 @@ def resized_fixture(doc: dict, sizes: dict) -> dict:
                 walk(v)
     walk(doc["models"])
     return doc
+
+
+def diffusion_model(n: int = 12) -> dict:
+    """One species on a line: diffusion with zero-flux ends and c² decay (tridiagonal)."""
+    def at(e):
+        return {"op": "index", "args": ["c", e]}
+    expr = {"op": "+", "args": [
+        {"op": "*", "args": ["D", {"op": "+", "args": [
+            at({"op": "max", "args": [{"op": "-", "args": ["i", 1]}, 1]}),
+            {"op": "*", "args": [-2, at("i")]},
+            at({"op": "min", "args": [{"op": "+", "args": ["i", 1]}, n]})]}]},
+        {"op": "*", "args": [-1, "k", {"op": "^", "args": [at("i"), 2]}]}]}
+    return {"esm": "1.1.0", "metadata": {"name": "Diffusion1D", "description": "adapter tests"},
+            "index_sets": {"x": {"kind": "interval", "size": n}},
+            "models": {"Tr": {"variables": {
+                "c": {"type": "unknown", "shape": ["x"], "default": [1.0 + float(np.sin(i)) for i in range(n)]},
+                "D": {"type": "parameter", "default": 50.0},
+                "k": {"type": "parameter", "default": 0.3}},
+                "equations": [{"lhs": {"op": "D", "args": ["c"], "wrt": "t"},
+                               "rhs": {"op": "faq", "output_idx": ["i"], "args": [],
+                                       "ranges": {"i": {"from": "x"}}, "expr": expr}}]}}}

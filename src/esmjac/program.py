@@ -19,6 +19,7 @@ import os
 import pickle
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -366,10 +367,17 @@ class RhsProgram(_Base):
         return np.dtype(np.float32) if (self.element_type or "").lower() in ("float32", "f32") \
             else np.dtype(np.float64)
 
+    @cached_property
+    def _default_cix(self) -> np.ndarray:
+        """The identity lane map at ``cells`` lanes (computed once; kernels only read it)."""
+        cix = lane_cells(self.layout.cell_shape, self.cells) if self.kind == "cell" else np.zeros(1, np.int64)
+        return cix
+
     def new_buffers(self, lanes: int | None = None):
         lanes = lanes or (self.cells if self.kind == "cell" else 1)
-        return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)),
-                           lane_cells(self.layout.cell_shape, lanes) if self.kind == "cell" else np.zeros(1, np.int64))
+        cix = self._default_cix if lanes == (self.cells if self.kind == "cell" else 1) else \
+            lane_cells(self.layout.cell_shape, lanes)
+        return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix)
 
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   scratch: "_RhsScratch | None" = None) -> np.ndarray:
@@ -662,12 +670,6 @@ class JacobianProgram(_Base):
         on ``ws2`` (second-order bands, built on first use)."""
         from .second import contract
         return contract(self, plan, ws2, lam, v, out)
-
-    def __getstate__(self):
-        return self.__dict__.copy()
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
 
 
 def _report_nonfinite(out, inputs, what: str) -> None:

@@ -127,8 +127,9 @@ def _pattern(plan) -> tuple:
     return rows, cols, n
 
 
-#: ``threads="auto"`` runs esmjac's kernels on one thread below this many unknowns.
-AUTO_SERIAL_BELOW = 20000
+#: ``threads="auto"``: the programs themselves run calls below this many
+#: unknowns on one thread (``esmjac.program.SERIAL_BELOW``).
+from ..program import SERIAL_BELOW as AUTO_SERIAL_BELOW  # noqa: E402
 
 
 def _thread_count(threads, n: int):
@@ -136,7 +137,7 @@ def _thread_count(threads, n: int):
     if threads is None:
         return None
     if threads == "auto":
-        return 1 if n < AUTO_SERIAL_BELOW else None
+        return None             # each program call picks serial or parallel itself
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise JacError("bad_option", f"threads must be 'auto', None or a positive int, not {threads!r}")
     import numba
@@ -148,8 +149,8 @@ def _with_threads(nthreads, fn, *args, **kwargs):
 
     esmjac's kernels are ``parallel=True``; on small problems the fork/join
     of every call costs far more than the work (milliseconds per call on a
-    busy machine, against microseconds serially), so ``threads="auto"``
-    runs small problems serially."""
+    busy machine, against microseconds serially); the programs run small
+    calls serially on their own, this pins an explicit count."""
     if nthreads is None:
         return fn(*args, **kwargs)
     import numba

@@ -11,8 +11,8 @@ sizes are arguments; nothing is a captured global.
 
 Cell chunk signature: ``(u, f, h, cix, out, L)``; global chunk: ``(u, f, h,
 out)``; prologue: ``(p, t, h)``. Each chunk also has a serial twin
-``s<chunk>`` (one thread), and Jacobian cell chunks fused variants
-``f<chunk>``/``fu<chunk>`` that write plan slots directly. ``out`` is the band slab (Jacobians) or the
+``s<chunk>`` (one thread). A lane plan gets its own module (``dest=``) whose
+``fl<chunk>``/``sfl<chunk>`` write the plan's slots directly. ``out`` is the band slab (Jacobians) or the
 right-hand side (then global programs accumulate with ``+=``).
 """
 from __future__ import annotations
@@ -341,26 +341,6 @@ def _chunk(name: str, blk: Block, taken: list, doc, dims) -> tuple:
     # reloaded after every store (``out`` may alias ``h``).
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
     body = pre + pr.lines
-    lines: list = []
-    if dims is None and doc.wrt is not None:
-        # Fused variants: each band goes straight to its plan slot; the
-        # first band of a (row, col) pair assigns, later ones add — the
-        # order of the slab gather. Destinations are read into locals before
-        # the loop (out may alias oa/ob/os). Unit-stride layouts (lane
-        # blocks) get their own variant: a run-time stride multiply in every
-        # store measured 2x slower.
-        first = _first_of_pair(doc)
-        strided, unit, dest, udest = list(body), list(body), [], []
-        for (target, _), vals in taken:
-            k = target[1]
-            op = "=" if first[k] else "+="
-            dest += [f"    o{k} = oa[{k}] * L + ob[{k}]", f"    s{k} = os[{k}]"]
-            udest += [f"    o{k} = oa[{k}] * L + ob[{k}]"]
-            strided.append(f"out[o{k} + l * s{k}] {op} {pr.ref(vals[0])}")
-            unit.append(f"out[o{k} + l] {op} {pr.ref(vals[0])}")
-        lines += _variants("f" + name, "u, f, h, cix, out, L, oa, ob, os", loop, hv + dest, strided,
-                           serial=False) + [""]
-        lines += _variants("fu" + name, "u, f, h, cix, out, L, oa, ob", loop, hv + udest, unit) + [""]
     for (target, _), vals in taken:
         if target[0] == "slab":
             pos = f"{target[1]} * L + l" if dims is None else f"{target[1]} + q"
@@ -371,7 +351,7 @@ def _chunk(name: str, blk: Block, taken: list, doc, dims) -> tuple:
             _, base, shape, pins = target
             pos = _row_pos(base, shape, pins, dims)
             body.append(f"out[{pos}] += {pr.ref(vals[0])}")
-    return _variants(name, args, loop, hv, body) + [""] + lines, len(pr.lines)
+    return _variants(name, args, loop, hv, body) + [""], len(pr.lines)
 
 
 def _literal_chunk(name: str, blk: Block, taken: list, doc, dest, zeros) -> tuple:
