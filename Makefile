@@ -38,7 +38,7 @@ test: $(STAMP_TEST)
 
 # Regenerate our own goldens (explicit; tests never rewrite them).
 goldens: $(STAMP_BASE)
-	$(VPY) -m esmjac goldens --write
+	$(VPY) -m tests.support.goldens --write
 
 bench: $(STAMP_TEST)
 	$(VPY) benchmarks/run.py

@@ -32,10 +32,8 @@ import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "src"))
 
-from mechanism import synthetic_mechanism  # noqa: E402
+from esmjac.models.mechanism import synthetic_mechanism
 
 FULL_SIZES = [(20, 50), (75, 200), (150, 400), (300, 800)]
 QUICK_SIZES = [(10, 25), (20, 50), (40, 100)]
@@ -49,7 +47,7 @@ def _time(fn):
 
 
 def measure(doc, repeats: int, budget: float, no_cse: bool) -> dict:
-    from esmjac.bandset import BandSet
+    from esmjac.calculus.bandset import BandSet
     text = json.dumps(doc)        # build from JSON text, as a user would pass a file
     builds, emits, plains = [], [], []
     n_bands = None
@@ -80,7 +78,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
 
-    from esmjac.bandset import BandSet
+    from esmjac.calculus.bandset import BandSet
     BandSet.build(synthetic_mechanism(4, 6, 2, seed=99))           # warm-up (imports, first-call costs)
 
     cases = []

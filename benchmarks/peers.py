@@ -5,7 +5,7 @@ Every peer works on a *per-cell* chemistry model: ``n`` species on ``L``
 independent cells ("lanes"). The layouts are the benchmark's:
 
 * state ``u[s*L + l]`` — species-major, lanes fastest, species in the
-  model's declaration order of ODE states (``esmjac.oracle.ode_states``);
+  model's declaration order of ODE states (``esmjac.reference.oracle.ode_states``);
   for a 1-D cell index set this is exactly ``earthsci_ast.evaluate_rhs``'s
   element order ("Chem.O3[1]", …, "Chem.O3[L]", "Chem.O[1]", …);
 * forcing ``forcing[f*L + l]`` — the per-cell (array-shaped) parameters in
@@ -161,9 +161,9 @@ def per_cell_model(source, model: str | None = None) -> PerCellModel:
     import sympy
 
     from esmjac.calculus.inline import inline_observed
-    from esmjac.expr import AGG, Node
-    from esmjac.load import lhs_state, load_view
-    from esmjac.oracle import ode_states
+    from esmjac.model.expr import AGG, Node
+    from esmjac.model.load import lhs_state, load_view
+    from esmjac.reference.oracle import ode_states
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -279,14 +279,14 @@ class _ToSympy:
         return self._go(e, hoist)
 
     def _invariant(self, e) -> bool:
-        from esmjac.expr import free_names
+        from esmjac.model.expr import free_names
         if isinstance(e, (int, float)):
             return True
         return free_names(e) <= self._pnames
 
     def _k(self, nodes):
         import sympy
-        from esmjac.expr import node
+        from esmjac.model.expr import node
         key = nodes[0] if len(nodes) == 1 else node("*", nodes)
         k = self._k_of.get(key)
         if k is None:
@@ -299,7 +299,7 @@ class _ToSympy:
 
     def _go(self, e, hoist: bool):
         import sympy
-        from esmjac.expr import Node
+        from esmjac.model.expr import Node
 
         if isinstance(e, bool):
             raise PeerError("boolean literal")
@@ -1196,7 +1196,7 @@ def _main(argv=None) -> int:                  # pragma: no cover - a measurement
     print(f"earthsci_rhs: build {er.build_s:.2f} s, n_total {er.n_total}", flush=True)
     res["earthsci_rhs"] = median_time(lambda: er(u), a.calls, with_min=True)
     if a.evaluate_rhs:
-        from esmjac.check import _flat, rhs_vector
+        from esmjac.reference.check import _flat, rhs_vector
         flat = _flat(per_cell_model(doc, a.model).view)
         t0 = time.perf_counter()
         rhs_vector(flat, er.names, u, 0.0)

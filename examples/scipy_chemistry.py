@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-import pathlib
-import sys
 import time
 import warnings
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from mechanism import lift  # noqa: E402  (benchmarks/mechanism.py)
-
-from esmjac.adapters.scipy import ivp  # noqa: E402
+from esmjac.adapters.scipy import ivp
+from esmjac.models.mechanism import lift
 
 warnings.filterwarnings("ignore", message=".*aggregate.*")
 

@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from esmjac.gridded import column_model
+from esmjac.models.gridded import column_model
 
 from esmjac.adapters.sundials import cvode
 

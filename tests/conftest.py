@@ -2,33 +2,17 @@
 absent (a user's own clone) and fail loudly in CI, where it must exist."""
 from __future__ import annotations
 
-import os
-import pathlib
 import warnings
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-REFERENCE = SHARED / "reference"
-FIXTURES = REFERENCE / "fixtures"
-GOLDENS = REFERENCE / "goldens"
-GOLDEN_FIXTURES = ["adv_interior", "bd_chem", "contracted_ops", "flux_form_adv", "minmod_adv"]
-ALL_FIXTURES = GOLDEN_FIXTURES + ["adv_react_2d", "coupled_chem_advection"]
+from tests.support.paths import FIXTURES, need_reference
 
 warnings.filterwarnings("ignore", message=".*aggregate.*")
 
 
-def need_reference() -> pathlib.Path:
-    if not FIXTURES.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must have the reference data at {REFERENCE}")
-        pytest.skip(f"reference fixtures not found at {REFERENCE} (a clone without ../shared)")
-    return REFERENCE
-
-
 @pytest.fixture(scope="session")
-def reference() -> pathlib.Path:
+def reference():
     return need_reference()
 
 
@@ -38,7 +22,7 @@ _bandsets: dict = {}
 @pytest.fixture(scope="session")
 def bandset():
     """Build (and share across tests) the BandSet of a reference fixture."""
-    from esmjac.bandset import BandSet
+    from esmjac.calculus.bandset import BandSet
 
     def get(fx: str, wrt: str = "states"):
         need_reference()

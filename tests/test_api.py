@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import earthsci_ast as ea
-from docs import chem
-from esmjac.bandset import BandSet
+from tests.support.models import chem
+from esmjac.calculus.bandset import BandSet
 from esmjac.errors import JacError
-from esmjac.oracle import assemble
+from esmjac.reference.oracle import assemble
 
 
 def _rhs(doc, state, t, params):
@@ -166,13 +166,13 @@ def _one_state(rhs_body):
 def test_minus_signs_match_finite_differences(body):
     # Regression: the reference drops an array-level unary minus and every
     # operand past the second of an n-ary minus (a silently wrong matrix).
-    from esmjac.check import fd_check
+    from esmjac.reference.check import fd_check
     rep = fd_check(_one_state(body), points=1)
     assert rep.ok and not rep.uncovered, rep.summary()
 
 
 def test_check_on_a_model_without_states_is_not_a_crash():
-    from esmjac.check import fd_check
+    from esmjac.reference.check import fd_check
     d = {"esm": "1.1.0", "metadata": {"name": "Obs"}, "models": {"M": {"variables": {
         "y": {"type": "unknown"}, "k": {"type": "parameter", "default": 2.0}},
         "equations": [{"lhs": "y", "rhs": {"op": "*", "args": ["k", 3]}}]}}}

@@ -20,7 +20,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _bandset(args):
-    from .bandset import BandSet
+    from .calculus.bandset import BandSet
     return BandSet.build(args.file, args.model, args.wrt,
                          {"agg_spelling": "faq" if args.faq else "aggregate"})
 
@@ -36,7 +36,7 @@ def cmd_block(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .check import fd_check
+    from .reference.check import fd_check
     rep = fd_check(args.file, model=args.model, points=args.points, lo=args.lo, hi=args.hi)
     print(rep.summary())
     for r, c, v in rep.uncovered[:10]:
@@ -60,8 +60,8 @@ def cmd_spy(args) -> int:
         raise JacError("adapter_unavailable", "esmjac spy needs matplotlib: pip install 'esmjac[plot]'")
     from scipy.sparse import csr_array
 
-    from .layouts import Csr
-    from .program import JacobianProgram
+    from .layouts.types import Csr
+    from .runtime.programs import JacobianProgram
     prog = JacobianProgram.build(args.file, args.model, wrt=args.wrt,
                                  options={"progress": True, "allow_empty": args.wrt != "states"})
     plan = prog.plan(Csr())
@@ -78,7 +78,7 @@ def cmd_spy(args) -> int:
 
 def cmd_adapters(args) -> int:
     """Table of installed solver adapters (no solver package is imported)."""
-    from .plugins import adapter_infos
+    from .plugins.manager import adapter_infos
 
     head = ("name", "version", "available", "provides", "detail")
     rows = [(i.name, i.version or "-", "yes" if i.available else "no",
@@ -89,31 +89,8 @@ def cmd_adapters(args) -> int:
     return 0
 
 
-def cmd_goldens(args) -> int:
-    from pathlib import Path
-
-    from .goldens import golden_files
-    files = golden_files(Path(args.fixtures))
-    out = Path(args.out)
-    stale = []
-    for name, text in sorted(files.items()):
-        path = out / name
-        if args.write:
-            out.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        elif not path.exists() or path.read_text() != text:
-            stale.append(name)
-    if args.write:
-        print(f"wrote {len(files)} goldens to {out}")
-        return 0
-    for name in stale:
-        print(f"differs: {name}")
-    print(f"{len(files) - len(stale)}/{len(files)} goldens identical")
-    return 1 if stale else 0
-
-
 def cmd_kernel(args) -> int:
-    from .program import JacobianProgram, RhsProgram
+    from .runtime.programs import JacobianProgram, RhsProgram
     opts = {"engine": args.engine, "allow_empty": True}
     if args.rhs:
         prog = RhsProgram.build(args.file, args.model, options={**opts, "progress": True})
@@ -127,12 +104,16 @@ def cmd_kernel(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """The benchmark suite of DESIGN §10 (see ``esmjac.bench``)."""
-    from .bench import run_args
-    flags = [f for f, on in (("--quick", args.quick),) if on]
-    flags += [f"{k} {v}" for k, v in (("--json", args.json), ("--plots", args.plots),
-                                       ("--results", args.results), ("--only", args.only)) if v]
-    return run_args(args, " ".join(["esmjac bench", *flags]))
+    """Run the benchmark suite from a checkout (it is not installed with the package)."""
+    import os
+    import pathlib
+    import subprocess
+    here = pathlib.Path(args.bench_dir or pathlib.Path.cwd() / "benchmarks")
+    script = here / "run.py"
+    if not script.is_file():
+        raise JacError("bad_argument", f"the benchmark suite is not installed with esmjac; run this from a "
+                       f"checkout of the repository (no {script}), or pass --bench-dir DIR")
+    return subprocess.call([sys.executable, str(script), *args.rest], env=dict(os.environ))
 
 
 def main(argv: list | None = None) -> int:
@@ -154,11 +135,6 @@ def main(argv: list | None = None) -> int:
     p = sub.add_parser("demo", help="build, verify and solve the bundled example model (analytic vs FD)")
     p.add_argument("--cells", type=int, default=48, help="grid cells of the solve (default 48)")
     p.set_defaults(fn=cmd_demo)
-    p = sub.add_parser("goldens", help="compare (or --write) our evaluation-document and plan goldens")
-    p.add_argument("--fixtures", default="../shared/reference/fixtures")
-    p.add_argument("--out", default="goldens")
-    p.add_argument("--write", action="store_true", help="regenerate the files (explicit only)")
-    p.set_defaults(fn=cmd_goldens)
     p = sub.add_parser("kernel", help="print the generated kernel source (or tape) of a model")
     p.add_argument("file")
     p.add_argument("--model", default=None)
@@ -175,15 +151,9 @@ def main(argv: list | None = None) -> int:
     p.set_defaults(fn=cmd_spy)
     p = sub.add_parser("adapters", help="list the installed solver adapters and the kinds they provide")
     p.set_defaults(fn=cmd_adapters)
-    p = sub.add_parser("bench", help="run the benchmark suite (targets T1-T5 of DESIGN §10)")
-    p.add_argument("--quick", action="store_true",
-                   help="smaller run (10^4 cells only, B5 up to 150 species, no slow peers; < 5 min)")
-    p.add_argument("--json", metavar="FILE", default=None, help="write one JSON record per measurement")
-    p.add_argument("--plots", metavar="DIR", default=None, help="write PNG plots (needs matplotlib)")
-    p.add_argument("--results", metavar="FILE", default=None, help="write a Markdown report (RESULTS.md)")
-    p.add_argument("--bench-dir", default=None, help="folder with peers.py and mechanism.py")
-    p.add_argument("--fixtures", default=None, help="folder with the reference fixtures (bd_chem.esm, ...)")
-    p.add_argument("--only", default=None, help="comma-separated sections: chem,transport,apply,peers,build,e2e")
+    p = sub.add_parser("bench", help="run the benchmark suite from a checkout (benchmarks/run.py)")
+    p.add_argument("--bench-dir", default=None, help="the checkout's benchmarks/ folder (default ./benchmarks)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for benchmarks/run.py (--quick, --only ...)")
     p.set_defaults(fn=cmd_bench)
     args = ap.parse_args(argv)
     try:

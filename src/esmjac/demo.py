@@ -20,10 +20,10 @@ __all__ = ["run_demo"]
 
 def run_demo(cells: int = 48, t_end: float = 7200.0, out=print) -> int:
     from .adapters.scipy import ivp
-    from .bandset import BandSet
-    from .check import fd_check
-    from .factorization import block_lu_plan
-    from .gridded import gridded_tropo12
+    from .calculus.bandset import BandSet
+    from .reference.check import fd_check
+    from .calculus.factorization import block_lu_plan
+    from .models.gridded import gridded_tropo12
 
     path = str(files("esmjac") / "models" / "tropo12.esm")
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-from ..hookspecs import AdapterInfo, dist_version, hookimpl, module_available
+from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
 
 
 from dataclasses import dataclass, field  # noqa: E402
@@ -43,8 +43,8 @@ def layouts(source, *, model=None, options=None, **extra):
     applies (LaneBlocks natural/markowitz, LaneSparseBlocks, ColumnBanded,
     Csr); the others are listed in ``refused`` with the reason."""
     from ..errors import JacError
-    from ..layouts import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
-    from ..program import JacobianProgram, RhsProgram
+    from ..layouts.types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
+    from ..runtime.programs import JacobianProgram, RhsProgram
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.layouts")
     rhs = RhsProgram.build(source, model, options=options)
@@ -96,9 +96,9 @@ class RosenbrockProblem:
 def rosenbrock(source, *, model=None, p=None, forcing=None, options=None, **extra):
     """A :class:`RosenbrockProblem` for a per-cell (``cell``-lane) model."""
     from ..errors import JacError
-    from ..expr import free_names
-    from ..layouts import LaneSparseBlocks
-    from ..program import JacobianProgram, RhsProgram
+    from ..model.expr import free_names
+    from ..layouts.types import LaneSparseBlocks
+    from ..runtime.programs import JacobianProgram, RhsProgram
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
     rhs = RhsProgram.build(source, model, options=options)

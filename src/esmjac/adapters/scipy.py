@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..hookspecs import AdapterInfo, dist_version, hookimpl, module_available
+from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 
@@ -39,8 +39,8 @@ METHODS = {"BDF": True, "Radau": True, "LSODA": True, "RK45": False, "RK23": Fal
 
 def _programs(source, model, build_options):
     """(RhsProgram, JacobianProgram wrt states, Csr plan) of ``source``."""
-    from ..layouts import Csr
-    from ..program import JacobianProgram, RhsProgram
+    from ..layouts.types import Csr
+    from ..runtime.programs import JacobianProgram, RhsProgram
     r = RhsProgram.build(source, model, options=build_options)
     j = JacobianProgram.build(source, model, "states", options=build_options)
     plan = j.plan(Csr(), source=r)
@@ -129,7 +129,7 @@ def _pattern(plan) -> tuple:
 
 #: ``threads="auto"``: the programs themselves run calls below this many
 #: unknowns on one thread (``esmjac.program.SERIAL_BELOW``).
-from ..program import SERIAL_BELOW as AUTO_SERIAL_BELOW  # noqa: E402
+from ..runtime.programs import SERIAL_BELOW as AUTO_SERIAL_BELOW  # noqa: E402
 
 
 def _thread_count(threads, n: int):

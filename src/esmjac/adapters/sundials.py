@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..hookspecs import AdapterInfo, hookimpl
+from ..plugins.hookspecs import AdapterInfo, hookimpl
 
 __all__ = ["cvode", "ida", "SundialsProblem"]
 
@@ -79,7 +79,7 @@ class _BlockPC:
     name = "block"
 
     def __init__(self, r, j, plan_csr):
-        from ..layouts import LaneBlocks
+        from ..layouts.types import LaneBlocks
         self.j = j
         self.lay = r.layout
         if j.kind == "cell":
@@ -143,7 +143,7 @@ class _BandedPC:
     name = "banded"
 
     def __init__(self, r, j, axis):
-        from ..layouts import ColumnBanded
+        from ..layouts.types import ColumnBanded
         self.j = j
         self.plan = j.plan(ColumnBanded(axis), source=r)
         info = self.plan.info

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import JacError
-from ..expr import free_names
-from ..load import SystemView, lhs_state
+from ..model.expr import free_names
+from ..model.load import SystemView, lhs_state
 from .bands import Band, Ctx, bands, normalize_band
 from .clip import merge_bands
 from .inline import inline_observed, inlinable_observed

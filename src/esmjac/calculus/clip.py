@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..expr import Node, free_names, iter_children, map_children, op
+from ..model.expr import Node, free_names, iter_children, map_children, op
 
 __all__ = ["clip_regions", "merge_bands"]
 

@@ -14,8 +14,8 @@ and ``index``-of-array-expression β-reduction.
 from __future__ import annotations
 
 from ..errors import JacError
-from ..expr import AGG, Node, free_names, map_children, node, op, substitute
-from ..evaluate import Decline as _Decline, ev as _ev
+from ..model.expr import AGG, Node, free_names, map_children, node, op, substitute
+from ..model.evaluate import Decline as _Decline, ev as _ev
 
 __all__ = ["inline_observed", "inlinable_observed", "region_bound", "range_of"]
 
@@ -30,7 +30,7 @@ def region_bound(b) -> int:
         return b
     if isinstance(b, float):
         return int(round(b))
-    from ..expr import from_wire, _thaw
+    from ..model.expr import from_wire, _thaw
     try:
         return int(round(_ev(from_wire(_thaw(b)), {})))
     except (_Decline, TypeError, KeyError):
@@ -131,7 +131,7 @@ def _needs_inline(e) -> bool:
         if e.op == "index" and isinstance(e.args[0], Node):
             r = True
         else:
-            from ..expr import iter_children
+            from ..model.expr import iter_children
             r = any(_needs_inline(x) for x in iter_children(e))
         c["needs_inline"] = r
     return r
@@ -163,7 +163,7 @@ def _index_arg_names(e, acc: set) -> None:
         for x in e.args[1:]:
             acc |= free_names(x)
         return
-    from ..expr import iter_children
+    from ..model.expr import iter_children
     for c in iter_children(e):
         _index_arg_names(c, acc)
 
@@ -204,5 +204,5 @@ def inlinable_observed(obs: dict, rhss: list, targets: frozenset) -> dict:
 def _opaque(e) -> bool:
     # A surviving template reference hides its body's names: treat as
     # target-dependent so it is inlined (and rejected loudly), never pruned.
-    from ..expr import walk
+    from ..model.expr import walk
     return any(isinstance(x, Node) and x.op == "apply_expression_template" for x in walk(e))

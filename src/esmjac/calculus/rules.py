@@ -18,7 +18,7 @@ are the same iff their RFC §5.4 canonical JSON agrees (so ``u[i+1]`` and
 from __future__ import annotations
 
 from ..errors import JacError
-from ..expr import (AGG, Node, add, free_names, is_zero, iter_children, mul,
+from ..model.expr import (AGG, Node, add, free_names, is_zero, iter_children, mul,
                     neg, op, stable_json, to_wire)
 
 __all__ = ["Site", "site_key", "dscalar", "occurs", "ZERO_DERIV_OPS",

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
-from ..evaluate import Decline as _Decline, ev as _ev
-from ..expr import AGG, Node, is_lit, map_children, node, with_args
+from ..model.evaluate import Decline as _Decline, ev as _ev
+from ..model.expr import AGG, Node, is_lit, map_children, node, with_args
 
 __all__ = ["simplify", "simplify_branches", "canon_lits", "simp", "fold_literal"]
 

@@ -20,7 +20,7 @@ import itertools
 import math
 
 from ..errors import JacError
-from ..expr import AGG, Node, free_names, is_lit, node, substitute
+from ..model.expr import AGG, Node, free_names, is_lit, node, substitute
 
 __all__ = ["Block", "Lowering", "UNARY", "BINARY"]
 

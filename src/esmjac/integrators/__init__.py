@@ -7,6 +7,6 @@ lane-parallel Rosenbrock driver built on it.
 from __future__ import annotations
 
 from .rosenbrock import METHODS, RosenbrockResult, rosenbrock
-from .sparse_lu import SparseLaneLU
+from ..linalg.sparse_lu import SparseLaneLU
 
 __all__ = ["SparseLaneLU", "rosenbrock", "RosenbrockResult", "METHODS"]

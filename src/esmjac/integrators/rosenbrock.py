@@ -38,7 +38,7 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from .sparse_lu import CHUNK, SparseLaneLU, single_chunk_threads
+from ..linalg.sparse_lu import CHUNK, SparseLaneLU, single_chunk_threads
 
 __all__ = ["rosenbrock", "RosenbrockResult", "METHODS"]
 

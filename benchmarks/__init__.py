@@ -1,0 +1,1 @@
+"""The benchmark suite (not installed): run ``python benchmarks/run.py``."""

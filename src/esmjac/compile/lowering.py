@@ -1,0 +1,158 @@
+"""Scalar pieces of a model's right-hand side (the value, not a derivative).
+
+The compiled right-hand side needs what the band calculus needs for
+derivatives: every array-level equation ``D(u) = rhs`` rewritten as additive
+*pieces*, each a rectangular row region with one scalar expression in the
+region's index names. ``f[u][r] = Σ pieces covering r``. This mirrors the
+band calculus's array walk (``calculus/bands.py``) without differentiating:
+sums split, scalar factors scale, ``makearray`` regions shift, aggregates
+give their output box, and whole-array elementwise operations push the
+index inward. Contractions are kept as closed scalar ``reduce: "+"``
+aggregates in the piece's expression (the compiler unrolls them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..calculus import context
+from ..calculus.bands import Ctx, _push_index, is_array_expr, place_subregion
+from ..calculus.inline import inline_observed, range_of, region_bound
+from ..errors import JacError
+from ..model.expr import AGG, Node, free_names, mul, node, op, substitute
+from ..model.load import SystemView, lhs_state
+
+__all__ = ["Piece", "rhs_pieces"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """``f[row][pins] += expr`` for every point of ``rows`` (see module doc)."""
+
+    row: str
+    rows: tuple        # ((lo, hi), …) per dimension of ``row``, 1-based inclusive
+    pins: tuple        # per dimension: free index name or pinned int
+    expr: object
+
+
+def _names(shape) -> list:
+    return [f"_r{k + 1}" for k in range(len(shape))]
+
+
+def rhs_pieces(view: SystemView) -> list:
+    """Pieces of every differential equation, in equation order."""
+    ctx = context(view)
+    obs = dict(view.observed)
+    out: list = []
+    for lhs, rhs in view.equations:
+        u = lhs_state(lhs)
+        if u is None:
+            continue
+        rhs = inline_observed(rhs, obs)
+        hidden = free_names(rhs) & view.indexed_observed
+        if hidden:
+            raise JacError("unsupported_construct",
+                           f"the equation for `{u}` reads observed {sorted(hidden)} defined only "
+                           "through an indexed left-hand side")
+        shape = ctx.shapes.get(u, ())
+        found: list = []
+        if not shape:
+            if is_array_expr(rhs, ctx):
+                raise JacError("unsupported_construct", f"array-valued right-hand side for scalar `{u}`")
+            found.append(((), (), rhs))
+        else:
+            _walk(found, rhs, ctx, tuple(shape), ())
+        for rows, pins, e in found:
+            out.append(Piece(u, tuple(tuple(r) for r in rows), tuple(pins), e))
+    return out
+
+
+def _full(shape):
+    names = _names(shape)
+    return [(1, n) for n in shape], names
+
+
+def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
+    if not is_array_expr(e, ctx):
+        rows, names = _full(shape)
+        out.append((rows, names, mul(e, *scale)))
+        return
+    if isinstance(e, str):
+        rows, names = _full(shape)
+        out.append((rows, names, mul(node("index", [e, *names]), *scale)))
+        return
+    o = e.op
+    if o == "+":
+        for x in e.args:
+            _walk(out, x, ctx, shape, scale)
+    elif o == "-" and len(e.args) == 1 or o == "neg":
+        _walk(out, e.args[0], ctx, shape, scale + (-1,))
+    elif o == "-":
+        _walk(out, e.args[0], ctx, shape, scale)
+        for x in e.args[1:]:
+            _walk(out, x, ctx, shape, scale + (-1,))
+    elif o == "*" and sum(is_array_expr(x, ctx) for x in e.args) == 1:
+        arr = [x for x in e.args if is_array_expr(x, ctx)][0]
+        _walk(out, arr, ctx, shape, scale + tuple(x for x in e.args if not is_array_expr(x, ctx)))
+    elif o == "/" and not is_array_expr(e.args[1], ctx):
+        _walk(out, e.args[0], ctx, shape, scale + (op("/", 1, e.args[1]),))
+    elif o == AGG:
+        _aggregate(out, e, ctx, shape, scale)
+    elif o == "makearray":
+        _makearray(out, e, ctx, scale)
+    elif o in ("broadcast", "reshape", "transpose", "concat", "arrayop"):
+        raise JacError("unsupported_construct", f"`{o}` has no compiled form")
+    else:
+        # Elementwise over whole arrays: push the index inward.
+        names = _names(shape)
+        body = _push_index(e, list(names), ctx)
+        out.append(([(1, n) for n in shape], names, mul(body, *scale)))
+
+
+def _aggregate(out: list, e: Node, ctx: Ctx, shape: tuple, scale: tuple) -> None:
+    oidx = list(e.attr("output_idx") or ())
+    if any(not isinstance(x, str) for x in oidx):
+        raise JacError("unsupported_construct", "singleton `1` output_idx entries are not compiled")
+    if e.attr("filter") is not None or e.attr("join") or e.attr("key") is not None or e.attr("arg"):
+        raise JacError("unsupported_construct", "filtered, joined, keyed or arg aggregates are not compiled")
+    if e.attr("reduce") not in (None, "+") or e.attr("semiring") not in (None, "sum_product"):
+        raise JacError("unsupported_construct", "only `+` reductions are compiled")
+    ranges = dict(e.attr("ranges") or ())
+    rows = []
+    for k, n in enumerate(oidx):
+        if n in ranges:
+            rows.append(range_of(ranges[n], ctx.index_sets))
+        elif k < len(shape):
+            rows.append((1, shape[k]))
+        else:
+            raise JacError("unsupported_construct", f"output index `{n}` has no range")
+    contracted = {n: list(range_of(r, ctx.index_sets)) for n, r in ranges.items() if n not in oidx}
+    body = e.body
+    if contracted:
+        body = node(AGG, (), body, output_idx=[], reduce="+", ranges=contracted)
+    out.append((rows, oidx, mul(body, *scale)))
+
+
+def _makearray(out: list, e: Node, ctx: Ctx, scale: tuple) -> None:
+    for region, val in zip(e.attr("regions") or (), e.values or ()):
+        rows = [(region_bound(r[0]), region_bound(r[1])) for r in region]
+        if any(hi < lo for lo, hi in rows):
+            continue
+        if not is_array_expr(val, ctx):
+            names = [f"_m{k + 1}" for k in range(len(rows))]
+            out.append((rows, names, mul(val, *scale)))
+            continue
+        fullrank = isinstance(val, Node) and val.op == AGG and len(val.attr("output_idx") or ()) == len(rows)
+        nonsing = [k for k, (lo, hi) in enumerate(rows) if hi > lo]
+        keep = list(range(len(rows))) if fullrank else nonsing
+        sub_shape = tuple(rows[k][1] - rows[k][0] + 1 for k in keep)
+        sub: list = []
+        _walk(sub, val, ctx, sub_shape, scale)
+        if isinstance(val, Node) and val.op == AGG:
+            vr = dict(val.attr("ranges") or ())
+            origins = [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1
+                       for n in (val.attr("output_idx") or ())]
+        else:
+            origins = [1] * len(keep)
+        for srows, spins, expr in sub:
+            pins, rows2, subst = place_subregion(rows, fullrank, origins, srows, spins)
+            out.append((rows2, pins, substitute(expr, subst) if subst else expr))

@@ -1,0 +1,509 @@
+"""Scatter plans: the checked map from a program's band slab to a storage
+layout (DESIGN §4–§6).
+
+A plan is a *gather*: every output slot lists the slab entries that sum
+into it, in plan order (band order, then point order), so accumulation is
+deterministic and a slot is written by exactly one loop iteration. Slots
+no band reaches are written as zero. ``lane`` plans (cell programs) are
+per-slot lists of bands, evaluated for every lane at ``a*L + b + l*stride``;
+``point`` plans (global programs, and layouts that mix lanes) list slab
+positions. Plans are built once in time linear in the entries (points for
+CSR), are immutable, picklable and serialize to deterministic JSON.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import JacError
+from ..model.expr import Node, is_lit
+from ..calculus.factorization import lu_fill, markowitz_ordering
+from .types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
+
+__all__ = ["ScatterPlan", "build_plan", "field_meta"]
+
+_I = np.int64
+
+
+# ------------------------------------------------------------------ metadata
+
+def _ival(e, env: dict):
+    """Vectorized value of an integer index expression over box points."""
+    if isinstance(e, str):
+        if e not in env:
+            raise JacError("unsupported_construct", f"index `{e}` is not a box dimension")
+        return env[e]
+    if is_lit(e):
+        return float(e)
+    if not isinstance(e, Node):
+        raise JacError("unsupported_construct", f"cannot evaluate the index {e!r}")
+    if e.op == "index" and isinstance(e.args[0], Node) and e.args[0].op == "const":
+        from ..compile.ssa import _table
+        flat, shape = _table(e.args[0].attr("value"))
+        idx = [np.asarray(_ival(x, env), dtype=float) for x in e.args[1:]]
+        f = _flat(idx, shape, max([np.size(i) for i in idx] + [1]))
+        if np.any(f < 0):
+            raise JacError("evaluation_error", "a table read outside the table")
+        return np.asarray(flat)[f]
+    a = [_ival(x, env) for x in e.args]
+    o = e.op
+    if o == "+":
+        return sum(a[1:], a[0])
+    if o == "*":
+        r = a[0]
+        for x in a[1:]:
+            r = r * x
+        return r
+    if o == "-":
+        return -a[0] if len(a) == 1 else a[0] - sum(a[1:], 0.0)
+    if o == "/":
+        return a[0] / a[1]
+    if o in ("mod", "%"):
+        return np.mod(a[0], a[1])
+    if o == "ifelse":
+        return np.where(np.asarray(a[0]) != 0, a[1], a[2])
+    if o in ("min", "max"):
+        f = np.minimum if o == "min" else np.maximum
+        r = a[0]
+        for x in a[1:]:
+            r = f(r, x)
+        return r
+    cmp = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+           "==": np.equal, "!=": np.not_equal}
+    if o in cmp:
+        return cmp[o](a[0], a[1]).astype(float)
+    raise JacError("unsupported_construct",
+                   f"a column index computed with `{o}` (data-dependent or unsupported) is not compiled")
+
+
+def _strides(shape) -> list:
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return st[::-1]
+
+
+def _flat(idx: list, shape: tuple, npts: int):
+    """Row-major flat index of 1-based ``idx`` arrays; -1 outside ``shape``."""
+    flat = np.zeros(npts, dtype=_I)
+    ok = np.ones(npts, dtype=bool)
+    for x, n, st in zip(idx, shape, _strides(shape)):
+        x = np.broadcast_to(np.asarray(x, dtype=float), (npts,))
+        xi = np.rint(x)
+        if np.any(xi != x):
+            raise JacError("evaluation_error", "a non-integer column index")
+        ok &= (xi >= 1) & (xi <= n)
+        flat += (xi.astype(_I) - 1) * st
+    return np.where(ok, flat, -1)
+
+
+def _box(dims) -> tuple:
+    """Row-major points of a box: ({name: values}, npoints)."""
+    axes = [np.arange(lo, hi + 1, dtype=float) for _, lo, hi in dims]
+    if not axes:
+        return {}, 1
+    grids = np.meshgrid(*axes, indexing="ij")
+    return {n: g.ravel() for (n, _, _), g in zip(dims, grids)}, grids[0].size
+
+
+def _csr_order(key1, key2, n):
+    o = np.lexsort((np.arange(n), key2, key1))
+    return o
+
+
+def _gather(tgt_key, other, src, order):
+    """Group sorted entries by target: (targets, ptr, src, other)."""
+    t = tgt_key[order]
+    if t.size == 0:
+        return np.zeros(0, _I), np.zeros(1, _I), np.zeros(0, _I), np.zeros(0, _I)
+    starts = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+    ptr = np.r_[starts, t.size].astype(_I)
+    return t[starts].astype(_I), ptr, src[order].astype(_I), other[order].astype(_I)
+
+
+def field_meta(doc, lay, cvars: tuple, cbase: dict) -> dict:
+    """Read-only index arrays of a Jacobian program (rows, columns, gathers)."""
+    if doc.kind == "cell":
+        return _cell_meta(doc, lay, cvars)
+    return _global_meta(doc, lay, cbase)
+
+
+def _cell_meta(doc, lay, cvars: tuple) -> dict:
+    sidx = {n: s for s, n in enumerate(lay.states)}
+    lane_vars = [v for v in cvars if v != "t" and lay.shapes.get(v) == lay.cell_shape]
+    glob_vars = [v for v in cvars if v not in lane_vars]
+    lpos = {v: i for i, v in enumerate(lane_vars)}
+    gpos = {v: i for i, v in enumerate(glob_vars)}
+    frow = np.array([sidx[f.row] for f in doc.fields], dtype=_I)
+    flane = np.array([f.col in lpos for f in doc.fields], dtype=bool)
+    fcid = np.array([lpos[f.col] if f.col in lpos else gpos[f.col] for f in doc.fields], dtype=_I)
+    K = len(doc.fields)
+    ks = np.arange(K, dtype=_I)
+    nl = len(lane_vars)
+    # y[r] += B_k · v[col]: lane columns at c*L + l, scalar ones after all lanes.
+    ca = np.where(flane, fcid, nl)
+    cb = np.where(flane, 0, fcid)
+    cs = flane.astype(_I)
+    o = _csr_order(frow, ks, K)
+    r_tgt, r_ptr, r_band, r_ca = _gather(frow, ca, ks, o)
+    r_cb, r_cs = cb[o], cs[o]
+    lk = ks[flane]
+    o2 = _csr_order(fcid[flane], lk, lk.size)
+    c_tgt, c_ptr, c_band, c_ca = _gather(fcid[flane], frow[flane], lk, o2)
+    gk = ks[~flane]
+    o3 = _csr_order(fcid[~flane], gk, gk.size)
+    g_tgt, g_ptr, g_band, g_rl = _gather(fcid[~flane], frow[~flane], gk, o3)
+    return dict(kind="cell", lane_vars=tuple(lane_vars), glob_vars=tuple(glob_vars),
+                n_lane_cols=nl, n_glob_cols=len(glob_vars), frow=frow, flane=flane, fcid=fcid,
+                r_tgt=r_tgt, r_ptr=r_ptr, r_band=r_band, r_ca=r_ca, r_cb=r_cb, r_cs=r_cs,
+                c_tgt=c_tgt, c_ptr=c_ptr, c_band=c_band, c_ca=c_ca,
+                c_cb=np.zeros(c_band.size, _I), c_cs=np.ones(c_band.size, _I),
+                g_tgt=g_tgt, g_ptr=g_ptr, g_band=g_band, g_rl=g_rl)
+
+
+def _global_meta(doc, lay, cbase: dict) -> dict:
+    soff = lay.state_offsets()
+    rows, cols = [], []
+    for f in doc.fields:
+        env, n = _box(f.dims)
+        rshape = lay.shapes.get(f.row, ())
+        ridx = [env[p] if isinstance(p, str) else float(p) for p in f.pins]
+        r = _flat(ridx, rshape, n)
+        if np.any(r < 0):
+            raise JacError("evaluation_error", f"{f.name} has rows outside `{f.row}`")
+        rows.append(r + soff[f.row])
+        if f.col == "t" or not lay.shapes.get(f.col):
+            cols.append(np.full(n, cbase[f.col], dtype=_I))
+        else:
+            c = _flat([_ival(x, env) for x in f.cidx], lay.shapes[f.col], n)
+            cols.append(np.where(c >= 0, c + cbase[f.col], -1))
+    row = np.concatenate(rows) if rows else np.zeros(0, _I)
+    col = np.concatenate(cols) if cols else np.zeros(0, _I)
+    j = np.arange(row.size, dtype=_I)
+    ok = col >= 0
+    jr, rr, cc = j[ok], row[ok], col[ok]
+    o = _csr_order(rr, jr, jr.size)
+    r_tgt, r_ptr, r_src, r_other = _gather(rr, cc, jr, o)
+    o2 = _csr_order(cc, jr, jr.size)
+    c_tgt, c_ptr, c_src, c_other = _gather(cc, rr, jr, o2)
+    return dict(kind="global", slab_size=int(row.size), pt_row=row, pt_col=col,
+                r_tgt=r_tgt, r_ptr=r_ptr, r_src=r_src, r_other=r_other,
+                c_tgt=c_tgt, c_ptr=c_ptr, c_src=c_src, c_other=c_other)
+
+
+def _points(prog) -> tuple:
+    """(slab position, row element, col element) of every valid entry, with
+    L = cells for a cell program (the flat evaluate_rhs numbering)."""
+    m = prog.meta
+    if prog.kind == "global":
+        ok = m["pt_col"] >= 0
+        j = np.arange(m["pt_row"].size, dtype=_I)
+        return j[ok], m["pt_row"][ok], m["pt_col"][ok]
+    N = prog.cells
+    K = prog.n_fields
+    ks = np.repeat(np.arange(K, dtype=_I), N)
+    ls = np.tile(np.arange(N, dtype=_I), K)
+    frow, flane, fcid = m["frow"][ks], m["flane"][ks], m["fcid"][ks]
+    row = frow * N + ls
+    lane_base = np.array([prog.col_base[v] for v in m["lane_vars"]] or [0], dtype=_I)
+    glob_base = np.array([prog.col_base[v] for v in m["glob_vars"]] or [0], dtype=_I)
+    col = np.where(flane, lane_base[np.where(flane, fcid, 0)] + ls, glob_base[np.where(flane, 0, fcid)])
+    return ks * N + ls, row, col
+
+
+# ------------------------------------------------------------------ the plan
+
+@dataclass(frozen=True, eq=False)
+class ScatterPlan:
+    """A checked, immutable scatter map (see module docstring)."""
+
+    fingerprint: str           # the JacobianProgram it belongs to
+    layout: Any
+    kind: str                  # "lane" | "point"
+    arrays: dict               # read-only index arrays
+    info: dict                 # JSON-able facts (shape, ordering, lu_pattern, bands…)
+    lanes: int | None = None   # required lane count (None: any)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_cache"] = {k: v for k, v in self._cache.items() if k == "fused_kernel"}
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+
+    def out_size(self, lanes: int) -> int:
+        if self.kind == "lane":
+            return int(self.info["slots_per_lane"]) * lanes
+        return int(self.info["size"])
+
+    def check_lanes(self, lanes: int) -> None:
+        if self.lanes is not None and lanes != self.lanes:
+            raise JacError("bad_argument",
+                           f"the {self.layout.name} plan addresses exactly {self.lanes} lanes; "
+                           f"the workspace has {lanes}")
+
+    def scatter(self, B: np.ndarray, L: int, out: np.ndarray) -> None:
+        from ..runtime import kernels as K
+        a = self.arrays
+        if self.kind == "lane":
+            K.lane_gather(B, L, a["ptr"], a["src"], a["a"], a["b"], a["stride"], out)
+        else:
+            if self.info.get("zero_first"):
+                out[:] = 0
+            K.point_gather(B, a["ptr"], a["src"], a["pos"], out)
+
+    # -- serialization --------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"esmjac_plan": 1, "layout": self.layout.name, "kind": self.kind,
+                "lanes": self.lanes,
+                "info": self.info,
+                "arrays": {k: v.tolist() for k, v in sorted(self.arrays.items())}}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")) + "\n"
+
+    @property
+    def indptr(self) -> np.ndarray:
+        return self.arrays["indptr"]
+
+    @property
+    def indices(self) -> np.ndarray:
+        return self.arrays["indices"]
+
+
+def _ro(d: dict) -> dict:
+    for v in d.values():
+        if isinstance(v, np.ndarray):
+            v.setflags(write=False)
+    return d
+
+
+def build_plan(prog, layout, source=None) -> ScatterPlan:
+    """Build and check a plan of ``prog`` for ``layout`` (DESIGN §5–§6)."""
+    if source is not None:
+        _check_source(prog, source)
+    if isinstance(layout, (LaneBlocks, LaneSparseBlocks)):
+        if prog.kind != "cell":
+            raise JacError("nonuniform_pattern",
+                           f"{type(layout).__name__} needs the same per-cell block in every cell; this "
+                           "model's Jacobian couples different cells or differs between cells "
+                           "(use Csr() or ColumnBanded())")
+        kind, arrays, info, lanes = _lane_blocks(prog, layout)
+    elif isinstance(layout, Csr):
+        kind, arrays, info, lanes = _csr(prog)
+    elif isinstance(layout, ColumnBanded):
+        kind, arrays, info, lanes = _column_banded(prog, layout)
+    else:
+        raise JacError("bad_option", f"unknown layout {layout!r}; use LaneBlocks, LaneSparseBlocks, "
+                       "ColumnBanded or Csr")
+    return ScatterPlan(prog.fingerprint, layout, kind, _ro(arrays), info, lanes)
+
+
+def _check_source(prog, source) -> None:
+    from ..runtime.programs import RhsProgram
+    if not isinstance(source, RhsProgram):
+        raise JacError("bad_argument", f"source must be an RhsProgram, got {type(source).__name__}")
+    names = set(source.layout.states) | set(source.param_names) | set(source.forcing_names) | {"t"}
+    for v in prog.col_vars:
+        if v not in names:
+            raise JacError("unresolvable_column", f"column variable `{v}` does not resolve in the RhsProgram")
+    for en in prog.bands:
+        if en.row not in names:
+            raise JacError("unresolvable_column", f"row variable `{en.row}` does not resolve in the RhsProgram")
+    if source.layout_fingerprint != prog.layout_fingerprint:
+        raise JacError("foreign_layout",
+                       "the RhsProgram was built from a different model or layout (its fingerprint "
+                       "differs from this JacobianProgram's)")
+
+
+def _block_pattern(prog) -> tuple:
+    """Per-lane block: rows = species, columns = column variables in order."""
+    m = prog.meta
+    cols = list(prog.col_vars)
+    cpos = {v: i for i, v in enumerate(cols)}
+    lane_vars, glob_vars = m["lane_vars"], m["glob_vars"]
+    fcolvar = [lane_vars[c] if ln else glob_vars[c] for ln, c in zip(m["flane"], m["fcid"])]
+    rc = [(int(r), cpos[v]) for r, v in zip(m["frow"], fcolvar)]
+    return rc, len(prog.layout.states), len(cols)
+
+
+def _slots_from(keys: list, rc: list) -> tuple:
+    """ptr/src over slots ``keys`` (list of (r, c)) from field (r, c) list."""
+    where = {k: i for i, k in enumerate(keys)}
+    lists: list = [[] for _ in keys]
+    for k, key in enumerate(rc):
+        lists[where[key]].append(k)
+    ptr = np.zeros(len(keys) + 1, _I)
+    ptr[1:] = np.cumsum([len(x) for x in lists])
+    src = np.array([k for x in lists for k in x], dtype=_I)
+    return ptr, src
+
+
+def markowitz(prog) -> tuple:
+    """(ordering, lu_pattern) of a square cell block (declaration order)."""
+    rc, n, m = _block_pattern(prog)
+    if n != m or prog.wrt != "states":
+        raise JacError("bad_option", "a Markowitz ordering needs a square block (wrt='states')")
+    P = [[i == j for j in range(n)] for i in range(n)]
+    for r, c in rc:
+        P[r][c] = True
+    order = markowitz_ordering(P)
+    Pp = [[P[order[i]][order[j]] for j in range(n)] for i in range(n)]
+    F = lu_fill(Pp)
+    lu = tuple((i, j) for i in range(n) for j in range(n) if F[i][j])
+    return tuple(order), lu
+
+
+def _lane_blocks(prog, layout) -> tuple:
+    rc, n, m = _block_pattern(prog)
+    info = {"block": [n, m], "rows": list(prog.layout.states), "cols": list(prog.col_vars)}
+    if isinstance(layout, LaneSparseBlocks) or layout.order == "markowitz":
+        order, lu = markowitz(prog)
+        inv = {s: i for i, s in enumerate(order)}
+        rcp = [(inv[r], inv[c]) for r, c in rc]
+        info["ordering"] = list(order)
+        if isinstance(layout, LaneSparseBlocks):
+            keys = list(lu)
+            info["lu_pattern"] = [list(x) for x in lu]
+            info["fill"] = len(lu) - len({*rcp} | {(i, i) for i in range(n)})
+        else:
+            keys = [(i, j) for i in range(n) for j in range(n)]
+        ptr, src = _slots_from(keys, rcp)
+        if isinstance(layout, LaneSparseBlocks):
+            a = np.arange(len(keys), dtype=_I)
+        else:
+            a = np.array([i * n + j for i, j in keys], dtype=_I)
+    else:
+        keys = [(i, j) for i in range(n) for j in range(m)]
+        ptr, src = _slots_from(keys, rc)
+        a = np.arange(len(keys), dtype=_I)
+    info["slots_per_lane"] = len(keys)
+    info["unit_stride"] = True
+    arrays = dict(ptr=ptr, src=src, a=a, b=np.zeros(len(keys), _I), stride=np.ones(len(keys), _I))
+    arrays.update(_fused(arrays, prog.n_fields))
+    return "lane", arrays, info, None
+
+
+def _fused(arrays: dict, nfields: int) -> dict:
+    """Per-band destinations (``fa/fb/fs``) for the fused kernels, and the
+    slots no band reaches (``za/zb/zs``), zeroed separately."""
+    ptr, src = arrays["ptr"], arrays["src"]
+    slot_of = np.full(nfields, -1, _I)
+    for s in range(len(ptr) - 1):
+        slot_of[src[ptr[s]:ptr[s + 1]]] = s
+    empty = np.flatnonzero(ptr[1:] == ptr[:-1])
+    return dict(fa=arrays["a"][slot_of], fb=arrays["b"][slot_of], fs=arrays["stride"][slot_of],
+                za=arrays["a"][empty], zb=arrays["b"][empty], zs=arrays["stride"][empty],
+                zptr=np.zeros(empty.size + 1, _I))
+
+
+def _csr(prog) -> tuple:
+    nrows = sum(prog.layout.size(s) for s in prog.layout.states)
+    if prog.kind == "cell":
+        # Every cell has the same block: row (s, cell) holds that species'
+        # columns in column order, so the slot of (s, j-th column, cell) is
+        # N*P_s + cell*n_s + j — a lane plan with stride n_s.
+        rc, n, m = _block_pattern(prog)
+        N = prog.cells
+        per = {s: sorted({c for r, c in rc if r == s}) for s in range(n)}
+        lane_vars = set(prog.meta["lane_vars"])
+        cols = list(prog.col_vars)
+        keys, a, b, stride = [], [], [], []
+        P = 0
+        for s in range(n):
+            for j, c in enumerate(per[s]):
+                keys.append((s, c))
+                a.append(P)
+                b.append(j)
+                stride.append(len(per[s]))
+            P += len(per[s])
+        ptr, src = _slots_from(keys, rc)
+        # indptr/indices for L = N
+        indptr = np.zeros(nrows + 1, _I)
+        counts = np.repeat([len(per[s]) for s in range(n)], N)
+        indptr[1:] = np.cumsum(counts)
+        parts = []
+        cells = np.arange(N, dtype=_I)[:, None]
+        for s in range(n):
+            base = np.array([prog.col_base[cols[c]] for c in per[s]], dtype=_I)
+            lane = np.array([cols[c] in lane_vars for c in per[s]], dtype=_I)
+            parts.append((base[None, :] + cells * lane[None, :]).ravel())
+        indices = np.concatenate(parts) if parts else np.zeros(0, _I)
+        info = {"shape": [nrows, prog.n_cols], "nnz": int(indptr[-1]), "slots_per_lane": P}
+        arrays = dict(ptr=ptr, src=src, a=np.array(a, _I), b=np.array(b, _I),
+                      stride=np.array(stride, _I), indptr=indptr, indices=indices)
+        arrays.update(_fused(arrays, prog.n_fields))
+        return "lane", arrays, info, N
+    j, row, col = _points(prog)
+    o = _csr_order(row, col, j.size)
+    r, c, jj = row[o], col[o], j[o]
+    new = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])] if r.size else np.zeros(0, bool)
+    slot = np.cumsum(new) - 1
+    nnz = int(new.sum())
+    ptr = np.r_[np.flatnonzero(new), r.size].astype(_I) if r.size else np.zeros(1, _I)
+    indices = c[new].astype(_I)
+    indptr = np.zeros(nrows + 1, _I)
+    np.add.at(indptr, r[new] + 1, 1)
+    indptr = np.cumsum(indptr).astype(_I)
+    info = {"shape": [nrows, prog.n_cols], "nnz": nnz, "size": nnz}
+    del slot
+    arrays = dict(ptr=ptr, src=jj.astype(_I), pos=np.arange(nnz, dtype=_I),
+                  indptr=indptr, indices=indices)
+    return "point", arrays, info, 1
+
+
+def _column_banded(prog, layout: ColumnBanded) -> tuple:
+    lay = prog.layout
+    if prog.wrt != "states":
+        raise JacError("bad_option", "ColumnBanded stores a square state Jacobian (wrt='states')")
+    shapes = {lay.shapes.get(s, ()) for s in lay.states}
+    if len(shapes) != 1 or not next(iter(shapes)):
+        raise JacError("nonuniform_pattern", "ColumnBanded needs every state on the same grid")
+    shape = next(iter(shapes))
+    axis = len(shape) - 1 if layout.axis is None else layout.axis
+    if not 0 <= axis < len(shape):
+        raise JacError("bad_option", f"ColumnBanded axis {axis} is outside the grid rank {len(shape)}")
+    ns, N = len(lay.states), int(np.prod(shape))
+    nz = shape[axis]
+    C = N // nz
+    j, row, col = _points(prog)
+
+    def split(e):
+        s, cell = np.divmod(e, N)
+        idx = np.unravel_index(cell, shape)
+        lev = idx[axis]
+        rest = [x for d, x in enumerate(idx) if d != axis]
+        rshape = [n for d, n in enumerate(shape) if d != axis]
+        lane = np.ravel_multi_index(rest, rshape) if rest else np.zeros_like(cell)
+        return lane, lev * ns + s
+
+    rl, ri = split(row)
+    cl, ci = split(col)
+    if np.any(rl != cl):
+        raise JacError("nonuniform_pattern",
+                       f"the Jacobian couples different columns along axis {axis}; ColumnBanded "
+                       "needs couplings only within a column (use Csr())")
+    m = nz * ns
+    kl = int(max(0, (ri - ci).max(initial=0)))
+    ku = int(max(0, (ci - ri).max(initial=0)))
+    if kl + ku + 1 > max(2 * ns + 1, m // 2):   # wider than a level's block and half the column
+        raise JacError("nonuniform_pattern",
+                       f"the Jacobian is not banded along axis {axis} (bandwidths {kl}/{ku} of {m} "
+                       "unknowns per column, e.g. a periodic wrap-around); band storage would be "
+                       "mostly zeros — use Csr()")
+    pos = ((ku + ri - ci) * m + ci) * C + rl
+    o = _csr_order(pos, j, j.size)
+    p_sorted = pos[o]
+    new = np.r_[True, p_sorted[1:] != p_sorted[:-1]] if p_sorted.size else np.zeros(0, bool)
+    ptr = np.r_[np.flatnonzero(new), p_sorted.size].astype(_I) if p_sorted.size else np.zeros(1, _I)
+    arrays = dict(ptr=ptr, src=j[o].astype(_I), pos=p_sorted[new].astype(_I))
+    size = (kl + ku + 1) * m * C
+    info = {"axis": axis, "columns": C, "m": m, "kl": kl, "ku": ku, "size": size, "zero_first": True,
+            "unknown_order": "level-major (lev*ns + species)"}
+    return "point", arrays, info, 1 if prog.kind == "global" else N

@@ -1,0 +1,240 @@
+"""The earthsci-ast boundary, and the catch-up items of DESIGN §3.
+
+Loading, schema validation, template expansion, coupling and flattening are
+earthsci-ast's job; this module only calls it and converts what comes back
+into a :class:`SystemView` over the calculus's own expression type.
+
+* Both spellings of the array-expression op (``faq``, and the pre-1.1.0
+  ``aggregate``) arrive as one internal tag (``expr.AGG``).
+* The esm 1.0.0 variable model: states, observed and parameters come from
+  ``earthsci_ast.classification`` (single models) or from the equations of a
+  flattened system — never from a declared ``state``/``observed`` type.
+* A document with one model is viewed unscoped (names as the reference
+  goldens spell them); a coupled document (coupling entries or reaction
+  systems) goes through ``earthsci_ast.flatten`` and is viewed scoped.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import JacError
+from .expr import AGG, Node, from_ast
+
+__all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state"]
+
+
+@dataclass(frozen=True)
+class VarInfo:
+    """One variable of a view: its role, resolved shape and default."""
+
+    name: str
+    kind: str                  # "state" | "observed" | "parameter" | "algebraic"
+    shape: tuple = ()          # sizes per dimension; () for a scalar
+    shape_names: tuple = ()    # index-set names per dimension, where known
+    default: Any = None
+    element_type: str | None = None
+
+
+@dataclass(frozen=True)
+class SystemView:
+    """A differentiable system: variables, equations (lhs, rhs) as internal
+    expressions, index-set sizes, and the earthsci-ast object evaluators use."""
+
+    name: str
+    variables: dict
+    equations: tuple           # ((lhs, rhs), …) in document order
+    index_sets: dict           # name → size (intervals only)
+    observed: dict             # name → definition (bare-LHS), document order
+    indexed_observed: frozenset  # observed defined only by an indexed LHS
+    source: Any                # EsmFile or FlattenedSystem (for evaluate_rhs)
+    scope: str                 # prefix evaluate_rhs puts before our names ("Chem.")
+    element_type: str | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def states(self) -> list:
+        return sorted(n for n, v in self.variables.items() if v.kind in ("state", "algebraic"))
+
+    @property
+    def parameters(self) -> list:
+        return sorted(n for n, v in self.variables.items() if v.kind == "parameter")
+
+    def shape(self, name: str) -> tuple:
+        v = self.variables.get(name)
+        return v.shape if v is not None else ()
+
+
+def load_file(source: Any):
+    """``source`` (path, JSON text, dict, EsmFile or FlattenedSystem) as an
+    earthsci-ast object. Errors become ``JacError("load_error")``."""
+    import earthsci_ast as ea
+    from earthsci_ast.flatten import FlattenedSystem
+
+    if isinstance(source, (ea.EsmFile, FlattenedSystem)):
+        return source
+    try:
+        with warnings.catch_warnings():
+            # The pre-1.1.0 `aggregate` spelling is accepted on purpose.
+            warnings.simplefilter("ignore")
+            if isinstance(source, dict):
+                return ea.load_document(source)
+            if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+                p = Path(source)
+                if not p.exists():
+                    raise JacError("load_error", f"no such file: {source}")
+                return ea.load_path(p, base_path=str(p.parent))
+            if isinstance(source, str):
+                return ea.load_string(source)
+    except JacError:
+        raise
+    except Exception as exc:  # earthsci-ast's own typed errors, reported whole
+        raise JacError("load_error", f"{type(exc).__name__}: {exc}") from exc
+    raise JacError("load_error", f"cannot load a {type(source).__name__} as an .esm document")
+
+
+def lhs_state(lhs) -> str | None:
+    """The state an equation integrates: ``D(u)``, ``D(u[i…])`` or the
+    pointwise-lifted ``aggregate{expr: D(index(u, …))}`` form."""
+    if not isinstance(lhs, Node):
+        return None
+    if lhs.op == AGG and isinstance(lhs.body, Node) and lhs.body.op == "D":
+        a = lhs.body.args[0]
+        if isinstance(a, Node) and a.op == "index" and isinstance(a.args[0], str):
+            return a.args[0]
+        return None
+    if lhs.op == "D" and (lhs.attr("wrt") in (None, "t")):
+        a = lhs.args[0]
+        if isinstance(a, str):
+            return a
+    return None
+
+
+def _sizes(index_sets: dict) -> dict:
+    out = {}
+    for n, s in (index_sets or {}).items():
+        size = s.get("size") if isinstance(s, dict) else getattr(s, "size", None)
+        if isinstance(size, int):
+            out[str(n)] = size
+    return out
+
+
+def _resolve_shape(shape, sizes: dict, name: str) -> tuple:
+    out = []
+    for x in shape or ():
+        if isinstance(x, int):
+            out.append(x)
+        elif x in sizes:
+            out.append(sizes[x])
+        else:
+            raise JacError("unsupported_construct",
+                           f"variable `{name}` has a dimension over `{x}`, which is not a sized interval index set")
+    return tuple(out)
+
+
+def load_view(source: Any, model: str | None = None) -> SystemView:
+    """Load ``source`` and view the model to differentiate (see module doc)."""
+    from earthsci_ast.flatten import FlattenedSystem
+
+    f = load_file(source)
+    if isinstance(f, FlattenedSystem):
+        return _flat_view(f)
+    models = dict(f.models or {})
+    coupled = bool(f.coupling) or bool(f.reaction_systems)
+    if model is not None:
+        if model in models:
+            return _model_view(f, model)
+        if coupled:
+            flat = _flatten(f)
+            return _flat_view(flat)
+        raise JacError("model_not_found",
+                       f"model `{model}` is not in the document (it has: {', '.join(sorted(models)) or 'none'})")
+    if coupled:
+        return _flat_view(_flatten(f))
+    if len(models) == 1:
+        return _model_view(f, next(iter(models)))
+    if not models:
+        raise JacError("load_error", "the document has no models to differentiate")
+    raise JacError("ambiguous_model",
+                   f"the document has {len(models)} models ({', '.join(sorted(models))}); pass model=")
+
+
+def _flatten(f):
+    import earthsci_ast as ea
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ea.flatten(f)
+    except Exception as exc:
+        raise JacError("load_error", f"earthsci_ast.flatten failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _model_view(f, name: str) -> SystemView:
+    from earthsci_ast import classification as cl
+
+    m = f.models[name]
+    sizes = _sizes(f.index_sets)
+    states = set(cl.ode_states(m))
+    observed_all = set(cl.observed_unknowns(m))
+    defs_bare = cl.observed_definitions(m, bare_only=True)
+    params = set(cl.parameters(m))
+    unknowns = set(cl.unknowns(m))
+    variables = {}
+    for vname, var in m.variables.items():
+        if vname in params:
+            kind = "parameter"
+        elif vname in states:
+            kind = "state"
+        elif vname in observed_all:
+            kind = "observed"
+        elif vname in unknowns:
+            kind = "algebraic"
+        else:
+            continue
+        variables[vname] = VarInfo(vname, kind, _resolve_shape(var.shape, sizes, vname),
+                                   tuple(var.shape or ()), var.default,
+                                   getattr(var, "element_type", None))
+    eqs = []
+    for eq in m.equations:
+        eqs.append((from_ast(eq.lhs), from_ast(eq.rhs)))
+    observed = {n: from_ast(r) for n, r in defs_bare.items()}
+    dom = getattr(f, "domain", None)
+    et = getattr(dom, "element_type", None) if dom is not None else None
+    return SystemView(name, variables, tuple(eqs), sizes, observed,
+                      frozenset(observed_all - set(defs_bare)), f, f"{name}.", et)
+
+
+def _flat_view(flat) -> SystemView:
+    sizes = _sizes(flat.index_sets)
+    lifted = dict(getattr(flat, "lifted_shapes", {}) or {})
+    eqs = [(from_ast(eq.lhs), from_ast(eq.rhs)) for eq in flat.equations]
+    # The 1.0.0 model, re-derived from the equations themselves: states are
+    # D-targets, observed are bare-LHS definitions of non-states.
+    states = {s for s in (lhs_state(l) for l, _ in eqs) if s is not None}
+    observed = {}
+    for lhs, rhs in eqs:
+        if isinstance(lhs, str) and lhs not in states and lhs not in observed:
+            observed[lhs] = rhs
+    variables = {}
+    for group, default_kind in ((flat.state_variables, "algebraic"),
+                                (flat.observed_variables, "observed"),
+                                (flat.parameters, "parameter")):
+        for vname, var in group.items():
+            if default_kind == "parameter":
+                kind = "parameter"
+            elif vname in states:
+                kind = "state"
+            elif vname in observed or default_kind == "observed":
+                kind = "observed"
+            else:
+                kind = default_kind
+            shape = tuple(lifted[vname]) if vname in lifted and not var.shape else \
+                _resolve_shape(var.shape, sizes, vname)
+            variables[vname] = VarInfo(vname, kind, shape, tuple(var.shape or ()),
+                                       var.default, getattr(var, "element_type", None))
+    dom = getattr(flat, "domain", None)
+    et = getattr(dom, "element_type", None) if dom is not None else None
+    indexed = frozenset(n for n, v in variables.items() if v.kind == "observed" and n not in observed)
+    return SystemView("Flattened", variables, tuple(eqs), sizes, observed, indexed, flat, "", et)

@@ -1,0 +1,703 @@
+"""Build products and the per-call path: RhsProgram, JacobianProgram,
+JacWorkspace.
+
+Programs are immutable and safe to share between threads: they hold the
+evaluation document, generated kernel source (imported from the on-disk
+cache) and read-only index arrays. All mutable scratch (band slab, hoisted
+values, the lane→cell map) lives in a :class:`JacWorkspace`, one per thread.
+
+Lane layout (DESIGN §4): a ``cell`` program stores states species-major with
+lanes fastest, ``u[s*L + l]``; with ``L`` = number of cells this is exactly
+``earthsci_ast.evaluate_rhs``'s flat order (variables in declaration order,
+elements row-major). A ``global`` program has one lane: ``u`` is that flat
+order. Every argument is checked in Python before compiled code runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from ..model.deep import run_deep
+from ..calculus.bandset import BandSet, check_options
+from ..compile import content_hash, generate, load_source
+from ..compile.cache import cache_dir
+from ..errors import JacError
+from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
+from ..model.load import SystemView, load_view
+from ..reference.oracle import element_names
+
+__all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
+
+#: Options of ``JacobianProgram.build`` / ``RhsProgram.build``.
+PROGRAM_OPTIONS = {
+    "allow_empty": False,     # accept a state-independent array RHS
+    "backend": "numba",       # "numba" (the engine) or "numpy" (reference, explicit only)
+    "max_stmts": 400,         # statement cap per compiled chunk
+    "engine": "auto",         # "codegen" | "tape" | "auto" (tape for large cell programs)
+    "tape_above": 1500,       # auto: statements above which a cell program is taped
+    "cache": True,            # reuse whole build products from the on-disk cache
+    "progress": False,        # print build stages to stderr
+}
+_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+#: Below this many state elements a call runs on one thread: the fork/join
+#: of a parallel region costs more than the work (measured: 64 cells of a
+#: 15-species mechanism, 2-8 ms per call on 2 threads vs 7-30 µs on one).
+SERIAL_BELOW = 20000
+
+
+def _one_thread() -> bool:
+    import numba
+    return numba.get_num_threads() == 1
+
+
+class _Serial:
+    """Run small calls on one numba thread (thread-local setting, restored)."""
+
+    __slots__ = ("on", "prev")
+
+    def __init__(self, n: int):
+        self.on = n < SERIAL_BELOW
+        self.prev = 1
+
+    def __enter__(self):
+        if self.on:
+            import numba
+            self.prev = numba.get_num_threads()
+            if self.prev != 1:
+                numba.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        if self.on and self.prev != 1:
+            import numba
+            numba.set_num_threads(self.prev)
+
+
+# ------------------------------------------------------------------ helpers
+
+def _source_key(source: Any, model, extra: str) -> str | None:
+    """A content key of the input document, or None when not hashable."""
+    if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
+        try:
+            data = open(source, "rb").read()
+        except OSError:
+            return None
+    elif isinstance(source, str):
+        data = source.encode()
+    elif isinstance(source, dict):
+        import json
+        data = json.dumps(source, sort_keys=True).encode()
+    else:
+        return None
+    return hashlib.sha256(data + f"\0{model}\0{extra}".encode()).hexdigest()
+
+
+def _stage(opts, msg: str, t0: float) -> None:
+    if opts.get("progress"):
+        import sys
+        print(f"[esmjac] {msg} ({time.perf_counter() - t0:.2f} s)", file=sys.stderr, flush=True)
+
+
+def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
+    """1-based cell index per dimension per lane (``cix[d*L + l]``); lanes
+    past the last cell (padding) duplicate it. ``order`` maps lane → flat
+    cell number (a shuffled lane order)."""
+    ncell = int(np.prod(cell_shape)) if cell_shape else 1
+    if order is None:
+        flat = np.minimum(np.arange(lanes), ncell - 1)
+    else:
+        flat = np.asarray(order, dtype=np.int64)
+        if flat.shape != (lanes,) or flat.min(initial=0) < 0 or flat.max(initial=0) >= ncell:
+            raise JacError("bad_argument", f"lane order must be {lanes} cell numbers in [0, {ncell})")
+    idx = np.unravel_index(flat, cell_shape) if cell_shape else ()
+    out = np.empty(len(cell_shape) * lanes, dtype=np.int64)
+    for d, a in enumerate(idx):
+        out[d * lanes:(d + 1) * lanes] = a + 1
+    return out
+
+
+def _check_vec(name: str, x, n: int, dtype=None) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise JacError("bad_argument", f"`{name}` must be a NumPy array, got {type(x).__name__}")
+    if x.ndim != 1:
+        raise JacError("bad_argument", f"`{name}` must be 1-D (flat lane layout), got shape {x.shape}")
+    if dtype is not None and x.dtype != dtype:
+        raise JacError("bad_argument", f"`{name}` has dtype {x.dtype}; this call needs {np.dtype(dtype)}")
+    if x.dtype not in _DTYPES:
+        raise JacError("bad_argument", f"`{name}` has dtype {x.dtype}; use float64 or float32")
+    if not x.flags.c_contiguous:
+        raise JacError("bad_argument", f"`{name}` is not contiguous; pass np.ascontiguousarray({name})")
+    if x.shape[0] != n:
+        raise JacError("bad_argument", f"`{name}` has length {x.shape[0]}; expected {n}")
+    return x
+
+
+def _params(p, n: int) -> np.ndarray:
+    if p is None:
+        raise JacError("bad_argument", "`p` is required (the program's parameter vector, see .param_names)")
+    a = np.ascontiguousarray(np.asarray(p, dtype=np.float64))
+    if a.ndim != 1 or a.shape[0] != n:
+        raise JacError("bad_argument", f"`p` must have {n} entries (scalar parameters in declaration order)")
+    return a
+
+
+def _defaults(view: SystemView, lay: ModelLayout) -> tuple:
+    """u0, p0 and forcing0 from the document's defaults/initial values."""
+    from ..reference.oracle import resolve_point
+    try:
+        pt = resolve_point(view, None, None, 0.0, list(lay.states) + list(lay.all_params))
+    except JacError:
+        return None, None, None
+    u0 = np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in lay.states]) \
+        if lay.states else np.zeros(0)
+    p0 = np.array([float(pt.values[n]) for n in lay.params], dtype=np.float64)
+    f0 = np.concatenate([np.ravel(np.asarray(pt.values[n], dtype=np.float64)) for n in lay.forcing]) \
+        if lay.forcing else np.zeros(0)
+    return u0, p0, f0
+
+
+# ------------------------------------------------------------------ common
+
+@dataclass(frozen=True, eq=False)
+class _Kernel:
+    """Generated source + its import (lazy; re-imported after unpickling)."""
+
+    source: str
+    key: str
+    chunks: tuple
+    chunk_kinds: tuple
+    n_hoist: int
+    n_statements: int
+    engine: str = "codegen"
+    tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
+
+    def module(self):
+        if self.engine == "tape":
+            return None
+        return load_source(self.source, self.key)
+
+    def listing(self) -> str:
+        """Readable generated source or tape."""
+        if self.engine == "tape":
+            pro, body = self.tapes
+            return (f"# esmjac tape: prologue {len(pro.code)} instructions, body {len(body.code)} "
+                    f"instructions, {body.nreg} registers\n# prologue\n{pro.listing()}\n# body\n"
+                    f"{body.listing()}\n")
+        return self.source
+
+
+def _distinct_nodes(exprs: list) -> int:
+    from ..model.expr import Node, iter_children
+    seen: set = set()
+    stack = list(exprs)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Node) and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(iter_children(x))
+    return len(seen)
+
+
+def _compile(doc: EvalDoc, opts: dict) -> _Kernel:
+    engine = opts["engine"]
+    if engine not in ("auto", "codegen", "tape"):
+        raise JacError("bad_option", f"engine must be 'auto', 'codegen' or 'tape'; got {engine!r}")
+    if engine == "auto" and doc.kind == "cell":
+        # Size decides: generated chunks compile in ~5 s per 400 statements
+        # here, the tape interpreter is compiled once for every model. The
+        # distinct expression nodes approximate the statement count.
+        n = _distinct_nodes([doc.expanded(f.expr) for f in doc.fields])
+        engine = "tape" if n > int(opts["tape_above"]) else "codegen"
+    if engine == "tape":
+        from ..compile.codegen import tape_program
+        pro, body, nh = run_deep(tape_program, doc)
+        key = content_hash(pro.code.tobytes().hex(), body.code.tobytes().hex())
+        return _Kernel("", key, (), (), nh, len(body.code), "tape", (pro, body))
+    g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]))
+    key = content_hash(g.source)
+    return _Kernel(g.source, key, g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
+
+
+class _Base:
+    """Shared lane bookkeeping of RhsProgram and JacobianProgram."""
+
+    layout: ModelLayout
+    kind: str
+
+    @property
+    def cells(self) -> int:
+        """Number of cells (lanes of an unpadded cell program); 1 for global."""
+        return int(np.prod(self.layout.cell_shape)) if self.kind == "cell" else 1
+
+    @property
+    def n_species(self) -> int:
+        return len(self.layout.states)
+
+    def u_size(self, lanes: int) -> int:
+        if self.kind == "cell":
+            return len(self.layout.states) * lanes
+        return self.layout.n_state_elements
+
+    def f_size(self, lanes: int) -> int:
+        if self.kind == "cell":
+            return len(self.layout.forcing) * lanes
+        return self.layout.n_forcing_elements
+
+    def _run(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
+        if kern.engine == "tape":
+            from ..compile.tape import run_tape
+            pro, body = kern.tapes
+            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg)
+            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg)
+            return
+        mod = kern.module()
+        mod.prologue(p, float(t), h)
+        pre = "s" if _one_thread() else ""
+        for name, kind in zip(kern.chunks, kern.chunk_kinds):
+            fn = getattr(mod, pre + name)
+            if kind == "cell":
+                fn(u, forcing, h, cix, out, lanes)
+            else:
+                fn(u, forcing, h, out)
+
+    def _warm(self, out_size: int) -> None:
+        """Compile (or load from Numba's cache) the float64 kernels now, so a
+        build includes compilation and the first call is a warm call."""
+        L = 1
+        u = np.ones(self.u_size(L))
+        f = np.ones(max(self.f_size(L), 1))
+        out = np.zeros(max(out_size, 1))
+        h = np.zeros(max(self.kernel.n_hoist, 1))
+        cix = lane_cells(self.layout.cell_shape, L) if self.kind == "cell" else np.zeros(1, np.int64)
+        self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
+
+    def _forcing(self, forcing, lanes: int, dtype) -> np.ndarray:
+        n = self.f_size(lanes)
+        if forcing is None:
+            if n == 0:
+                return np.zeros(1, dtype=dtype)
+            f0 = self.forcing0
+            if f0 is None or (self.kind == "cell" and lanes != self.cells):
+                raise JacError("bad_argument", "`forcing` is required (no defaults for this lane count)")
+            return np.ascontiguousarray(f0, dtype=dtype)
+        if n == 0:
+            raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
+        return _check_vec("forcing", forcing, n, dtype)
+
+
+def _build_doc_cached(kind: str, source, model, wrt, opts, make):
+    """Whole-build cache: (key → pickled product) for hashable sources."""
+    key = None
+    if opts["cache"]:
+        from .. import __version__
+        import numba
+        from ..compile.cache import code_version
+        key = _source_key(source, model, f"{code_version()}|{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
+                                         f"{__version__}|{numba.__version__}")
+    path = cache_dir() / f"b{key[:40]}.pkl" if key else None
+    if path is not None and path.exists():
+        try:
+            with open(path, "rb") as fh:
+                return pickle.load(fh)
+        except Exception:
+            pass
+    obj = make()
+    if path is not None:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    return obj
+
+
+# ------------------------------------------------------------------ RHS
+
+@dataclass(frozen=True, eq=False)
+class RhsProgram(_Base):
+    """The model's compiled right-hand side on the lane layout."""
+
+    doc: EvalDoc
+    layout: ModelLayout
+    kind: str
+    names: tuple               # element names in ``u`` order (L = cells)
+    param_names: tuple
+    forcing_names: tuple
+    u0: Any
+    p0: Any
+    forcing0: Any
+    kernel: _Kernel
+    layout_fingerprint: str
+    element_type: str | None = None
+    build_seconds: float = 0.0
+
+    @classmethod
+    def build(cls, source: Any, model: str | None = None, *, options: dict | None = None) -> "RhsProgram":
+        opts = check_options(options, PROGRAM_OPTIONS)
+        _backend(opts)
+        t0 = time.perf_counter()
+
+        def make():
+            view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
+            lay = model_layout(view)
+            doc = rhs_doc(view, lay)
+            _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0)
+            kern = _compile(doc, opts)
+            _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
+            u0, p0, f0 = _defaults(view, lay)
+            return cls(doc, lay, doc.kind, tuple(element_names(view, list(lay.states))),
+                       lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
+                       view.element_type)
+
+        prog = _build_doc_cached("rhs", source, model, None, opts, make)
+        prog._warm(prog.u_size(1))
+        object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
+        return prog
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The declared element type (Float32 documents evaluate in float32)."""
+        return np.dtype(np.float32) if (self.element_type or "").lower() in ("float32", "f32") \
+            else np.dtype(np.float64)
+
+    @cached_property
+    def _default_cix(self) -> np.ndarray:
+        """The identity lane map at ``cells`` lanes (computed once; kernels only read it)."""
+        cix = lane_cells(self.layout.cell_shape, self.cells) if self.kind == "cell" else np.zeros(1, np.int64)
+        return cix
+
+    def new_buffers(self, lanes: int | None = None):
+        lanes = lanes or (self.cells if self.kind == "cell" else 1)
+        cix = self._default_cix if lanes == (self.cells if self.kind == "cell" else 1) else \
+            lane_cells(self.layout.cell_shape, lanes)
+        return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix)
+
+    def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
+                  scratch: "_RhsScratch | None" = None) -> np.ndarray:
+        """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype."""
+        lanes = scratch.lanes if scratch is not None else (self.cells if self.kind == "cell" else 1)
+        _check_vec("u", u, self.u_size(lanes))
+        _check_vec("out", out, self.u_size(lanes), u.dtype)
+        p = _params(p, len(self.param_names))
+        f = self._forcing(forcing, lanes, u.dtype)
+        sc = scratch or self.new_buffers(lanes)
+        if self.kind == "global":
+            out[:] = 0
+        with _Serial(u.shape[0]):
+            self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
+        return out
+
+    def __call__(self, t: float, y: np.ndarray, p=None, forcing=None) -> np.ndarray:
+        """``f(t, y)`` with the document's parameter defaults (solver style)."""
+        out = np.empty_like(y)
+        return self.eval_into(y, self.p0 if p is None else p, t, forcing, out)
+
+
+@dataclass
+class _RhsScratch:
+    lanes: int
+    h: np.ndarray
+    cix: np.ndarray
+
+
+def _layout_fp(lay: ModelLayout, kind: str) -> str:
+    s = repr((lay.model, lay.states, sorted(lay.shapes.items()), lay.params, lay.forcing,
+              lay.cell_shape, kind))
+    return hashlib.sha256(s.encode()).hexdigest()
+
+
+def _backend(opts: dict) -> None:
+    b = opts.get("backend")
+    if b == "numba":
+        try:
+            import numba  # noqa: F401
+        except ImportError as exc:
+            raise JacError("bad_option", "backend='numba' needs numba installed") from exc
+        return
+    if b == "numpy":
+        raise JacError("bad_option",
+                       "backend='numpy' is the slow reference path: use esmjac.assemble(...) for "
+                       "one-shot NumPy/SciPy evaluation; the compiled programs run on numba only")
+    raise JacError("bad_option", f"unknown backend {b!r}; available: 'numba'")
+
+
+# ------------------------------------------------------------------ Jacobian
+
+@dataclass
+class JacWorkspace:
+    """Per-thread scratch of one JacobianProgram (never share between threads)."""
+
+    owner: str
+    lanes: int
+    cix: np.ndarray
+    h: np.ndarray
+    keep_slab: bool = True
+    slabs: dict = field(default_factory=dict)
+    last_dtype: Any = None
+    last_plan: Any = None
+    second: dict = field(default_factory=dict)
+
+    def slab(self, dtype, size: int) -> np.ndarray:
+        s = self.slabs.get(dtype)
+        if s is None or s.shape[0] != size:
+            s = np.zeros(max(size, 1), dtype=dtype)
+            self.slabs[dtype] = s
+        return s
+
+    def set_lane_order(self, order, cell_shape: tuple) -> None:
+        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes)."""
+        self.cix = lane_cells(cell_shape, self.lanes, order)
+
+
+@dataclass(frozen=True, eq=False)
+class JacobianProgram(_Base):
+    """Compiled Jacobian of one model w.r.t. ``wrt`` (see module docstring)."""
+
+    doc: EvalDoc
+    layout: ModelLayout
+    kind: str
+    wrt: str
+    bands: tuple               # JacEntry, read-only
+    structure: str
+    row_names: tuple
+    col_vars: tuple            # column variables, declaration order
+    col_base: dict             # column variable → first global column
+    n_cols: int
+    kernel: _Kernel
+    fingerprint: str
+    layout_fingerprint: str
+    meta: dict                 # read-only index arrays (see _field_meta)
+    u0: Any = None
+    p0: Any = None
+    forcing0: Any = None
+    element_type: str | None = None
+    build_seconds: float = 0.0
+
+    @classmethod
+    def build(cls, source: Any, model: str | None = None, wrt: str = "states",
+              options: dict | None = None) -> "JacobianProgram":
+        opts = check_options(options, PROGRAM_OPTIONS)
+        _backend(opts)
+        t0 = time.perf_counter()
+
+        def make():
+            view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
+            bs = BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+            _stage(opts, f"calculus: {len(bs.entries)} bands ({bs.structure})", t0)
+            lay = model_layout(view)
+            rdoc = rhs_doc(view, lay)
+            doc = jacobian_doc(bs, lay, rdoc.kind)
+            _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
+            kern = _compile(doc, opts)
+            _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
+            cvars, cbase, ncols = _colspace(lay, wrt)
+            meta = _field_meta(doc, lay, cvars, cbase)
+            u0, p0, f0 = _defaults(view, lay)
+            fp = hashlib.sha256((kern.key + doc.to_json()).encode()).hexdigest()
+            return cls(doc, lay, doc.kind, wrt, bs.entries, bs.structure,
+                       tuple(element_names(view, list(lay.states))), cvars, cbase, ncols, kern, fp,
+                       _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
+
+        prog = _build_doc_cached("jac", source, model, wrt, opts, make)
+        prog._warm(prog.slab_size(1))
+        object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
+        return prog
+
+    # -- sizes -------------------------------------------------------------------
+    @property
+    def n_fields(self) -> int:
+        return len(self.doc.fields)
+
+    def slab_size(self, lanes: int) -> int:
+        if self.kind == "cell":
+            return self.n_fields * lanes
+        return int(self.meta["slab_size"])
+
+    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = True) -> JacWorkspace:
+        """Scratch for one thread; ``lanes`` ≥ cells pads (cell programs).
+
+        ``keep_slab=False`` lets ``eval_into`` write lane layouts directly
+        (fused kernels, no band slab: about half the memory traffic) for
+        callers that only need the matrix; ``apply``/``apply_transpose``/
+        ``contract`` then need a workspace that keeps the slab."""
+        if self.kind == "global":
+            if lanes not in (None, 1):
+                raise JacError("bad_argument", "a global-lane program has exactly one lane")
+            lanes = 1
+            cix = np.zeros(1, np.int64)
+        else:
+            lanes = self.cells if lanes is None else int(lanes)
+            if lanes < 1:
+                raise JacError("bad_argument", "lanes must be >= 1")
+            cix = lane_cells(self.layout.cell_shape, lanes)
+        return JacWorkspace(self.fingerprint, lanes, cix, np.zeros(max(self.kernel.n_hoist, 1)),
+                            keep_slab=bool(keep_slab))
+
+    def plan(self, layout, source: "RhsProgram | None" = None):
+        from ..layouts.plans import build_plan
+        return build_plan(self, layout, source)
+
+    # -- evaluation --------------------------------------------------------------
+    def _check_ws(self, ws) -> None:
+        if not isinstance(ws, JacWorkspace):
+            raise JacError("bad_argument", f"expected a JacWorkspace, got {type(ws).__name__}")
+        if ws.owner != self.fingerprint:
+            raise JacError("bad_argument", "this workspace belongs to another JacobianProgram")
+
+    def _check_plan(self, plan) -> None:
+        from ..layouts.plans import ScatterPlan
+        if not isinstance(plan, ScatterPlan):
+            raise JacError("bad_argument", f"expected a ScatterPlan, got {type(plan).__name__}")
+        if plan.fingerprint != self.fingerprint:
+            raise JacError("foreign_layout", "this plan was built for another JacobianProgram")
+
+    def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
+                  ws: JacWorkspace) -> np.ndarray:
+        """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing)."""
+        from . import kernels as K
+        self._check_plan(plan)
+        self._check_ws(ws)
+        L = ws.lanes
+        plan.check_lanes(L)
+        _check_vec("u", u, self.u_size(L))
+        _check_vec("out", out, plan.out_size(L), u.dtype)
+        if not out.flags.writeable:
+            raise JacError("bad_argument", "`out` is read-only")
+        pv = _params(p, len(self.layout.params))
+        f = self._forcing(forcing, L, u.dtype)
+        with _Serial(u.shape[0]):
+            if not ws.keep_slab and plan.kind == "lane" and self.kernel.engine == "codegen":
+                self._run_fused(plan, u, pv, t, f, out, ws, L)
+                ws.last_dtype = None
+            else:
+                B = ws.slab(u.dtype, self.slab_size(L))
+                self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
+                plan.scatter(B, L, out)
+                ws.last_dtype = u.dtype
+            bad = K.count_nonfinite(out)
+        ws.last_plan = plan.fingerprint
+        ws.second.pop("state", None)
+        ws.second["point"] = (u, pv, float(t), f)
+        if bad:
+            _report_nonfinite(out, (u, pv, f), "Jacobian")
+        return out
+
+    def _fused_kernel(self, plan) -> _Kernel:
+        """The plan-specific fused kernel (generated on first use, cached on
+        the plan and on disk by content hash)."""
+        k = plan._cache.get("fused_kernel")
+        if k is None:
+            a = plan.arrays
+            dest = list(zip(a["fa"].tolist(), a["fb"].tolist(), a["fs"].tolist()))
+            zeros = list(zip(a["za"].tolist(), a["zb"].tolist(), a["zs"].tolist()))
+            g = run_deep(generate, self.doc, max_stmts=PROGRAM_OPTIONS["max_stmts"],
+                         title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
+            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
+            plan._cache["fused_kernel"] = k
+        return k
+
+    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
+        kern = self._fused_kernel(plan)
+        mod = kern.module()
+        h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
+        mod.prologue(p, float(t), h)
+        pre = "sfl" if _one_thread() else "fl"
+        for name in kern.chunks:
+            getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
+
+    def _slab_of(self, ws: JacWorkspace):
+        if ws.last_dtype is None:
+            if not ws.keep_slab:
+                raise JacError("bad_argument", "this workspace keeps no band slab (keep_slab=False); "
+                               "use new_workspace(keep_slab=True) for apply/apply_transpose/contract")
+            raise JacError("bad_argument", "call eval_into first: apply/apply_transpose reuse its band slab")
+        return ws.slabs[ws.last_dtype]
+
+    def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``y += J v`` from the band slab of the last ``eval_into``."""
+        from . import kernels as K
+        self._check_plan(plan)
+        self._check_ws(ws)
+        B = self._slab_of(ws)
+        L = ws.lanes
+        _check_vec("v", v, self.col_size(L))
+        _check_vec("y", y, self.u_size(L))
+        m = self.meta
+        with _Serial(y.shape[0]):
+            if self.kind == "cell":
+                K.lane_apply(B, L, m["r_ptr"], m["r_band"], m["r_ca"], m["r_cb"], m["r_cs"], m["r_tgt"], v, y)
+            else:
+                K.point_apply(B, m["r_ptr"], m["r_src"], m["r_other"], m["r_tgt"], v, y)
+        return y
+
+    def apply_transpose(self, plan, ws: JacWorkspace, lam: np.ndarray, gbar: np.ndarray) -> np.ndarray:
+        """``gbar += Jᵀ lam`` (float64 accumulation; a gather over the
+        transposed plan: each column is owned by one iteration)."""
+        from . import kernels as K
+        self._check_plan(plan)
+        self._check_ws(ws)
+        B = self._slab_of(ws)
+        L = ws.lanes
+        _check_vec("lam", lam, self.u_size(L))
+        _check_vec("gbar", gbar, self.col_size(L), np.float64)
+        m = self.meta
+        with _Serial(lam.shape[0]):
+            if self.kind == "cell":
+                K.lane_apply(B, L, m["c_ptr"], m["c_band"], m["c_ca"], m["c_cb"], m["c_cs"], m["c_tgt"],
+                             lam, gbar)
+                if m["g_tgt"].shape[0]:
+                    off = m["n_lane_cols"] * L
+                    K.lane_apply_global(B, L, m["g_ptr"], m["g_band"], m["g_rl"], m["g_tgt"] + off, lam, gbar)
+            else:
+                K.point_apply(B, m["c_ptr"], m["c_src"], m["c_other"], m["c_tgt"], lam, gbar)
+        return gbar
+
+    def col_size(self, lanes: int) -> int:
+        """Length of a column-space vector (``v`` of apply, ``gbar``)."""
+        if self.kind == "cell":
+            return self.meta["n_lane_cols"] * lanes + self.meta["n_glob_cols"]
+        return self.n_cols
+
+    def contract(self, plan, ws2: JacWorkspace, lam: np.ndarray, v: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out = Σᵢ λᵢ ∂²fᵢ/∂u∂u · v`` at the point of the last ``eval_into``
+        on ``ws2`` (second-order bands, built on first use)."""
+        from .second import contract
+        return contract(self, plan, ws2, lam, v, out)
+
+
+def _report_nonfinite(out, inputs, what: str) -> None:
+    from . import kernels as K
+    if any(x.size and K.count_nonfinite(np.ascontiguousarray(x)) for x in inputs):
+        return                   # non-finite in, non-finite out: the caller's business
+    i = K.first_nonfinite(out)
+    raise JacError("evaluation_error",
+                   f"the {what} has a non-finite value at output position {i} although every input "
+                   "is finite (a singular coefficient such as 1/0 or log(0) at this point)")
+
+
+def _colspace(lay: ModelLayout, wrt: str) -> tuple:
+    if wrt == "states":
+        cvars = lay.states
+    elif wrt == "parameters":
+        cvars = lay.all_params
+    elif wrt == "forcing":
+        cvars = lay.forcing
+    else:
+        cvars = ("t",)
+    base, off = {}, 0
+    for v in cvars:
+        base[v] = off
+        off += lay.size(v) if v != "t" else 1
+    return tuple(cvars), base, off
+
+
+def _field_meta(doc: EvalDoc, lay: ModelLayout, cvars: tuple, cbase: dict) -> dict:
+    from ..layouts.plans import field_meta
+    return field_meta(doc, lay, cvars, cbase)

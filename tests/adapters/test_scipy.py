@@ -1,0 +1,216 @@
+"""The ``scipy.ivp`` adapter: solve_ivp callables from compiled programs.
+
+Checked: ``jac(t, y)`` equals the reference assembly (``esmjac.assemble``)
+at a point, for a cell program and a gridded global one; BDF with the
+analytic Jacobian reaches the finite-difference / tight Radau solution with
+far fewer ``fun`` calls; LSODA's dense and packed banded forms; refusals.
+"""
+from __future__ import annotations
+
+import importlib.resources
+import warnings
+
+import numpy as np
+
+from esmjac.models.gridded import column_model, diffusion_model
+import pytest
+import scipy.sparse as sp
+
+from esmjac import assemble
+from esmjac.adapters.scipy import IvpProblem, ivp
+from esmjac.errors import JacError
+
+warnings.filterwarnings("ignore", message=".*aggregate.*")
+
+TROPO = str(importlib.resources.files("esmjac") / "models" / "tropo12.esm")
+T_END = 2 * 3600.0
+RTOL, ATOL = 1e-7, 1e-3
+
+
+def varied(prob: IvpProblem, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return prob.y0 * rng.uniform(0.5, 2.0, size=prob.y0.shape)
+
+
+FJ = np.linspace(0.2, 1.5, 8)
+
+
+@pytest.fixture(scope="module")
+def tropo():
+    base = ivp(TROPO)
+    return ivp(TROPO, forcing={"fj": FJ}, y0=varied(base))
+
+
+@pytest.fixture(scope="module")
+def reference(tropo):
+    """A tight Radau solve (analytic Jacobian) of the varied 8-cell problem."""
+    prob = ivp(TROPO, method="Radau", forcing={"fj": FJ}, y0=tropo.y0)
+    sol = prob.solve((0.0, T_END), rtol=1e-11, atol=1e-6)
+    assert sol.status == 0
+    return sol.y[:, -1]
+
+
+def _close(y, ref, rtol):
+    scale = np.maximum(np.abs(ref), ATOL / RTOL)
+    return float(np.max(np.abs(y - ref) / scale)) < rtol
+
+
+# ------------------------------------------------------------------ Jacobian values
+
+def test_problem_shape(tropo):
+    n = 15 * 8
+    assert tropo.y0.shape == (n,) and len(tropo.names) == n
+    assert tropo.names[0] == "Chem.O3[1]" and tropo.names[8] == "Chem.O[1]"
+    assert tropo.p.shape == (len(tropo.rhs.param_names),)
+    assert np.array_equal(tropo.forcing, FJ)
+    assert sp.issparse(tropo.jac_sparsity) and tropo.jac_sparsity.format == "csc"
+    assert tropo.jac_sparsity.shape == (n, n) and tropo.jac_sparsity.nnz == tropo.plan.info["nnz"]
+    assert tropo.rhs.kind == "cell" and tropo.jacobian.wrt == "states"
+
+
+def test_jac_equals_assemble_cell(tropo):
+    y = tropo.y0
+    J = tropo.jac(30.0, y)
+    assert sp.issparse(J) and J.format == "csc"
+    ref = assemble(TROPO, u=dict(zip(tropo.names, y)), p={"fj": FJ}, t=30.0).matrix
+    np.testing.assert_allclose(J.toarray(), ref.toarray(), rtol=1e-12, atol=0)
+    # The pattern is what jac_sparsity announces.
+    assert (abs(J) > 0).astype(int).multiply(1 - tropo.jac_sparsity.toarray()).sum() == 0
+
+
+def test_jac_equals_assemble_global():
+    doc = column_model(2, 3)
+    prob = ivp(doc)
+    assert prob.rhs.kind == "global"
+    y = varied(prob, 3)
+    ref = assemble(doc, u=dict(zip(prob.names, y))).matrix
+    np.testing.assert_allclose(prob.jac(0.0, y).toarray(), ref.toarray(), rtol=1e-12, atol=0)
+
+
+def test_fun_matches_rhs_program(tropo):
+    y = tropo.y0
+    out = np.empty_like(y)
+    tropo.rhs.eval_into(y, tropo.p, 5.0, tropo.forcing, out)
+    np.testing.assert_array_equal(tropo.fun(5.0, y), out)
+    serial = ivp(TROPO, forcing={"fj": FJ}, y0=y, threads=1)
+    free = ivp(TROPO, forcing={"fj": FJ}, y0=y, threads=None)
+    np.testing.assert_array_equal(serial.fun(5.0, y), free.fun(5.0, y))
+    np.testing.assert_array_equal(serial.jac(5.0, y).toarray(), free.jac(5.0, y).toarray())
+
+
+# ------------------------------------------------------------------ solves
+
+def test_bdf_analytic_matches_fd_with_fewer_calls(tropo, reference):
+    tropo.reset_counters()
+    a = tropo.solve((0.0, T_END), rtol=RTOL, atol=ATOL)
+    nfev_a, njev_a = tropo.nfev, tropo.njev
+    tropo.reset_counters()
+    f = tropo.solve((0.0, T_END), rtol=RTOL, atol=ATOL, jac=None)
+    nfev_f, njev_f = tropo.nfev, tropo.njev
+    assert a.status == 0 and f.status == 0
+    assert njev_a == a.njev > 0 and njev_f == 0
+    assert nfev_a == a.nfev                               # every fun call is solve_ivp's own
+    assert nfev_f >= f.nfev + f.njev * tropo.n            # FD columns cost n calls per Jacobian
+    assert nfev_a < nfev_f - f.njev * tropo.n // 2
+    assert _close(a.y[:, -1], f.y[:, -1], 1e-4)
+    assert _close(a.y[:, -1], reference, 1e-4)
+    assert _close(f.y[:, -1], reference, 1e-4)
+
+
+def test_radau_sparse(tropo, reference):
+    prob = ivp(TROPO, method="Radau", forcing={"fj": FJ}, y0=tropo.y0)
+    sol = prob.solve((0.0, T_END), rtol=RTOL, atol=ATOL)
+    assert sol.status == 0 and prob.njev > 0
+    assert sp.issparse(prob.jac(0.0, prob.y0))
+    assert _close(sol.y[:, -1], reference, 1e-4)
+
+
+def test_lsoda_dense(tropo, reference):
+    prob = ivp(TROPO, method="LSODA", forcing={"fj": FJ}, y0=tropo.y0)
+    J = prob.jac(1.0, prob.y0)
+    assert isinstance(J, np.ndarray) and J.shape == (prob.n, prob.n)
+    np.testing.assert_array_equal(J, tropo.jac_csr(1.0, prob.y0).toarray())
+    sol = prob.solve((0.0, T_END), rtol=RTOL, atol=ATOL)
+    assert sol.status == 0 and prob.njev > 0
+    assert _close(sol.y[:, -1], reference, 1e-4)
+
+
+def test_lsoda_banded_packing():
+    doc = diffusion_model(12)
+    prob = ivp(doc, method="LSODA", banded=True)
+    assert (prob.lband, prob.uband) == (1, 1)
+    y = prob.y0 * 1.3
+    packed = prob.jac(0.5, y)
+    dense = ivp(doc, method="LSODA").jac(0.5, y)
+    n = prob.n
+    assert packed.shape == (prob.lband + prob.uband + 1, n)
+    rebuilt = np.zeros((n, n))
+    for i in range(n):
+        for j in range(max(0, i - prob.lband), min(n, i + prob.uband + 1)):
+            rebuilt[i, j] = packed[prob.uband + i - j, j]
+    np.testing.assert_array_equal(rebuilt, dense)
+    # Band storage is scipy.linalg.solve_banded's: solving with it solves the dense system.
+    from scipy.linalg import solve_banded
+    b = np.arange(1.0, n + 1)
+    M = np.eye(n) - 0.01 * dense
+    Mb = -0.01 * packed
+    Mb[prob.uband] += 1.0
+    np.testing.assert_allclose(solve_banded((prob.lband, prob.uband), Mb, b), np.linalg.solve(M, b),
+                               rtol=1e-12)
+    ref = ivp(doc, method="Radau").solve((0.0, 2.0), rtol=1e-11, atol=1e-12).y[:, -1]
+    sol = prob.solve((0.0, 2.0), rtol=1e-8, atol=1e-10)
+    assert sol.status == 0 and prob.njev > 0
+    np.testing.assert_allclose(sol.y[:, -1], ref, rtol=1e-5)
+
+
+def test_banded_refused_for_unbanded_pattern():
+    with pytest.raises(JacError) as exc:
+        ivp(TROPO, method="LSODA", banded=True)
+    assert exc.value.code == "bad_option"
+    assert "BDF" in exc.value.message and "sparse" in exc.value.message
+
+
+# ------------------------------------------------------------------ inputs, options, plugin
+
+def test_inputs_by_name(tropo):
+    prob = ivp(TROPO, p={"T": 280.0}, y0={"Chem.O3[2]": 7.0, "NO": 3.0}, forcing={"fj[3]": 0.25})
+    i_t = prob.rhs.param_names.index("T")
+    assert prob.p[i_t] == 280.0
+    assert prob.y0[prob.names.index("Chem.O3[2]")] == 7.0
+    assert all(prob.y0[i] == 3.0 for i, nm in enumerate(prob.names) if nm.startswith("Chem.NO["))
+    assert prob.forcing[2] == 0.25 and prob.forcing[0] == 1.0
+    full = ivp(TROPO, p=prob.p, y0=prob.y0, forcing=prob.forcing)
+    np.testing.assert_array_equal(full.fun(0.0, full.y0), prob.fun(0.0, prob.y0))
+    for bad in ({"nope": 1.0}, {"O3[9]": 1.0}):
+        with pytest.raises(JacError) as exc:
+            ivp(TROPO, y0=bad)
+        assert exc.value.code == "bad_argument"
+    with pytest.raises(JacError) as exc:
+        ivp(TROPO, p=np.ones(3))
+    assert exc.value.code == "bad_argument"
+
+
+@pytest.mark.parametrize("kwargs", [dict(method="Euler"), dict(method="BDF", banded=True),
+                                    dict(rtol=1e-6), dict(threads=0)])
+def test_bad_options(kwargs):
+    with pytest.raises(JacError) as exc:
+        ivp(TROPO, **kwargs)
+    assert exc.value.code == "bad_option"
+
+
+def test_solve_refuses_another_method(tropo):
+    with pytest.raises(JacError) as exc:
+        tropo.solve((0.0, 1.0), method="LSODA")
+    assert exc.value.code == "bad_option"
+
+
+def test_explicit_method_gets_no_jacobian():
+    prob = ivp(diffusion_model(12), method="RK45")
+    sol = prob.solve((0.0, 0.01))
+    assert sol.status == 0 and prob.njev == 0 and prob.nfev > 0
+
+
+def test_plugin_create():
+    from esmjac import plugins
+    prob = plugins.create("scipy.ivp", TROPO, method="Radau")
+    assert isinstance(prob, IvpProblem) and prob.method == "Radau"

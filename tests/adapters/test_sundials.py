@@ -1,0 +1,290 @@
+"""The ``sundials.cvode`` / ``sundials.ida`` adapters (scikits.odes).
+
+Every configuration (CVODE dense + analytic jacfn, CVODE GMRES + block or
+banded preconditioner, IDA dense + jacfn, IDA GMRES) reaches the tight
+SciPy Radau solution; the callables are checked one by one against the
+assembled Jacobian; ``jtv`` is ``Jᵀλ``; a missing scikits.odes is refused
+with ``adapter_unavailable``. These tests run wherever scikits.odes is
+installed, and must run in CI (libsundials-dev is installed there).
+"""
+from __future__ import annotations
+
+import importlib.resources
+import os
+import sys
+import warnings
+
+import numpy as np
+
+from esmjac.models.gridded import column_model, diffusion_model
+import pytest
+
+from esmjac.errors import JacError
+
+warnings.filterwarnings("ignore", message=".*aggregate.*")
+
+try:
+    import scikits.odes  # noqa: F401
+    HAVE_ODES = True
+except ImportError:          # pragma: no cover - CI has it
+    HAVE_ODES = False
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must have scikits.odes installed (pip install 'esmjac[sundials]')")
+
+needs_odes = pytest.mark.skipif(not HAVE_ODES,
+                                reason="scikits.odes is not installed (pip install 'esmjac[sundials]')")
+
+from esmjac.adapters import sundials  # noqa: E402  (imports no solver package)
+from esmjac.adapters.scipy import ivp  # noqa: E402
+
+TROPO = str(importlib.resources.files("esmjac") / "models" / "tropo12.esm")
+FJ = np.linspace(0.2, 1.5, 8)
+TOUT = np.linspace(0.0, 2 * 3600.0, 5)
+RTOL, ATOL = 1e-8, 1e-3
+FLOOR = 1e3                  # relative-error floor (molec cm^-3) for near-zero species
+
+
+def _y0(seed=0):
+    base = ivp(TROPO)
+    return base.y0 * np.random.default_rng(seed).uniform(0.5, 2.0, size=base.y0.shape)
+
+
+@pytest.fixture(scope="module")
+def y0():
+    return _y0()
+
+
+@pytest.fixture(scope="module")
+def reference(y0):
+    """Tight SciPy Radau (analytic sparse Jacobian) at the output times."""
+    prob = ivp(TROPO, method="Radau", forcing={"fj": FJ}, y0=y0)
+    sol = prob.solve((TOUT[0], TOUT[-1]), t_eval=TOUT, rtol=1e-11, atol=1e-6)
+    assert sol.status == 0
+    return sol.y.T
+
+
+@pytest.fixture(scope="module")
+def column():
+    doc = column_model(2, 3)
+    base = ivp(doc)
+    y = base.y0 * np.random.default_rng(5).uniform(0.5, 2.0, size=base.y0.shape)
+    fj = np.linspace(0.3, 1.4, 6).reshape(2, 3)
+    ref = ivp(doc, method="Radau", y0=y, forcing={"fj": fj}).solve(
+        (TOUT[0], TOUT[-1]), t_eval=TOUT, rtol=1e-11, atol=1e-6)
+    assert ref.status == 0
+    return doc, y, fj, ref.y.T
+
+
+def _rel(y, ref):
+    return float(np.max(np.abs(y - ref) / np.maximum(np.abs(ref), FLOOR)))
+
+
+def _dense_j(prob, t, y):
+    return prob.jac_csr(t, y).toarray()
+
+
+CONFIGS = {
+    "cvode-dense-jacfn": (sundials.cvode, dict(linsolver="dense")),
+    "cvode-dense-dq": (sundials.cvode, dict(linsolver="dense", jacobian=False)),
+    "cvode-spgmr-block": (sundials.cvode, dict(linsolver="spgmr", precond="block")),
+    "cvode-spgmr-banded": (sundials.cvode, dict(linsolver="spgmr", precond="banded")),
+    "cvode-spgmr-block-lagged": (sundials.cvode, dict(linsolver="spgmr", precond="block", jtimes="setup")),
+    "ida-dense-jacfn": (sundials.ida, dict(linsolver="dense")),
+    "ida-spgmr": (sundials.ida, dict(linsolver="spgmr", maxl=15)),
+}
+
+
+# ------------------------------------------------------------------ solves
+
+@needs_odes
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_reaches_radau_solution(name, y0, reference):
+    make, kw = CONFIGS[name]
+    prob = make(TROPO, rtol=RTOL, atol=ATOL, forcing={"fj": FJ}, y0=y0, max_steps=20000, **kw)
+    res = prob.solve(TOUT)
+    assert res.flag == 0, res.message
+    assert np.allclose(res.values.t, TOUT)
+    assert _rel(np.asarray(res.values.y), reference) < 1e-5
+    c = prob.counters()
+    assert c["nfev"] > 0
+    if kw["linsolver"] == "dense":
+        assert (c["njev"] > 0) == kw.get("jacobian", True)
+    if kw["linsolver"] == "spgmr":
+        assert c["njtimes"] > 0
+        assert (c["njtsetup"] > 0) == (kw.get("jtimes", "newton") == "newton")
+    if "precond" in kw:
+        assert c["npsetup"] > 0 and c["npsolve"] > 0 and c["npeval"] <= c["npsetup"]
+        st = prob.stats()
+        assert st["NumPrecSolves"] == c["npsolve"] and st["NumJtimesEvals"] == c["njtimes"]
+
+
+@needs_odes
+def test_analytic_jacfn_needs_fewer_rhs_calls(y0):
+    kw = dict(rtol=RTOL, atol=ATOL, forcing={"fj": FJ}, y0=y0, max_steps=20000)
+    a = sundials.cvode(TROPO, linsolver="dense", **kw)
+    d = sundials.cvode(TROPO, linsolver="dense", jacobian=False, **kw)
+    ra, rd = a.solve(TOUT), d.solve(TOUT)
+    assert ra.flag == 0 and rd.flag == 0
+    assert a.jacfn is not None and d.jacfn is None
+    # DQ: n extra f calls per Jacobian, on top of the integrator's own.
+    assert d.nfev > d.stats()["NumRhsEvals"] + a.n
+    assert a.nfev <= a.stats()["NumRhsEvals"] + 1
+    assert a.nfev < d.nfev
+
+
+@needs_odes
+@pytest.mark.parametrize("precond", ["block", "banded"])
+def test_column_model_preconditioned(precond, column):
+    doc, y, fj, ref = column
+    prob = sundials.cvode(doc, linsolver="spgmr", precond=precond, rtol=RTOL, atol=ATOL, y0=y,
+                          forcing={"fj": fj}, max_steps=20000)
+    assert prob.jacobian.kind == "global"
+    res = prob.solve(TOUT)
+    assert res.flag == 0, res.message
+    assert _rel(np.asarray(res.values.y), ref) < 1e-5
+
+
+@needs_odes
+def test_band_linsolver_and_refusal():
+    with pytest.raises(JacError) as exc:
+        sundials.cvode(TROPO, linsolver="band")
+    assert exc.value.code == "bad_option" and "spgmr" in exc.value.message
+    doc = diffusion_model(12)
+    prob = sundials.cvode(doc, linsolver="band", rtol=1e-9, atol=1e-12)
+    assert (prob.options["lband"], prob.options["uband"]) == (1, 1)
+    res = prob.solve(np.linspace(0.0, 1.0, 3))
+    ref = ivp(doc, method="Radau").solve((0.0, 1.0), rtol=1e-11, atol=1e-13).y[:, -1]
+    assert res.flag == 0
+    np.testing.assert_allclose(res.values.y[-1], ref, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ callables
+
+@needs_odes
+def test_cvode_jacfn_and_jv(y0):
+    prob = sundials.cvode(TROPO, forcing={"fj": FJ}, y0=y0)
+    t, y = 100.0, y0 * 1.1
+    J = np.full((prob.n, prob.n), 7.0)                   # stale values must be overwritten
+    assert prob.jacfn(t, y, prob.f(t, y), J) == 0
+    ref = _dense_j(prob, t, y)
+    from esmjac import assemble
+    asm = assemble(TROPO, u=dict(zip(prob.names, y)), p={"fj": FJ}, t=t).matrix.toarray()
+    np.testing.assert_allclose(ref, asm, rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(J, ref)
+    v = np.random.default_rng(1).standard_normal(prob.n)
+    np.testing.assert_allclose(prob.jv(t, y, v), ref @ v, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
+
+    k = sundials.cvode(TROPO, linsolver="spgmr", forcing={"fj": FJ}, y0=y0)
+    assert k.jacfn is None and k.jac_times_vecfn is not None and k.prec_setupfn is None
+    Jv = np.empty(k.n)
+    assert k.jac_times_setupfn(t, y, k.f(t, y)) == 0
+    assert k.jac_times_vecfn(v, Jv, t, y) == 0
+    np.testing.assert_allclose(Jv, ref @ v, rtol=1e-12, atol=1e-12 * np.abs(ref @ v).max())
+
+
+@needs_odes
+def test_ida_jacfn_sign_convention(y0):
+    prob = sundials.ida(TROPO, forcing={"fj": FJ}, y0=y0)
+    t, y, cj = 50.0, y0 * 0.9, 123.0
+    f = prob.f(t, y)
+    yp = f + 1.0
+    res = np.empty(prob.n)
+    assert prob.resfn(t, y, yp, res) == 0
+    np.testing.assert_allclose(res, yp - f, rtol=1e-15)
+    J = np.zeros((prob.n, prob.n))
+    assert prob.jacfn(t, y, yp, res, cj, J) == 0
+    np.testing.assert_array_equal(J, cj * np.eye(prob.n) - _dense_j(prob, t, y))
+
+    k = sundials.ida(TROPO, linsolver="spgmr", forcing={"fj": FJ}, y0=y0)
+    v = np.random.default_rng(2).standard_normal(k.n)
+    Jv = np.empty(k.n)
+    assert k.jac_times_setupfn(t, y, yp, res, cj) == 0
+    assert k.jac_times_vecfn(t, y, yp, res, v, Jv, cj) == 0
+    expect = cj * v - _dense_j(prob, t, y) @ v
+    np.testing.assert_allclose(Jv, expect, rtol=1e-10, atol=1e-12 * np.abs(expect).max())
+
+
+@needs_odes
+def test_jtv_is_transpose_product(y0):
+    prob = sundials.cvode(TROPO, forcing={"fj": FJ}, y0=y0)
+    t, y = 10.0, y0 * 1.2
+    lam = np.random.default_rng(3).standard_normal(prob.n)
+    J = _dense_j(prob, t, y)
+    np.testing.assert_allclose(prob.jtv(t, y, lam), J.T @ lam, rtol=1e-12,
+                               atol=1e-12 * np.abs(J.T @ lam).max())
+
+
+@needs_odes
+@pytest.mark.parametrize("precond", ["block", "banded"])
+def test_preconditioner_solves(precond, y0, column):
+    gamma = 35.0
+    rng = np.random.default_rng(4)
+    cases = [(TROPO, {"fj": FJ}, y0)]
+    doc, yc, fj, _ = column
+    cases.append((doc, {"fj": fj}, yc))
+    for src, forcing, y in cases:
+        prob = sundials.cvode(src, linsolver="spgmr", precond=precond, forcing=forcing, y0=y)
+        flag = type("Flag", (), {"value": None})()
+        assert prob.prec_setupfn(0.0, y, False, flag, gamma) == 0 and flag.value is True
+        r = rng.standard_normal(prob.n)
+        z = np.empty(prob.n)
+        assert prob.prec_solvefn(0.0, y, r, z, gamma, 1e-3, 1) == 0
+        J = _dense_j(prob, 0.0, y)
+        if precond == "block":               # same-grid-point couplings only
+            N = prob.n // 15
+            same = (np.arange(prob.n)[:, None] % N) == (np.arange(prob.n)[None, :] % N)
+            J = np.where(same, J, 0.0)
+        np.testing.assert_allclose((np.eye(prob.n) - gamma * J) @ z, r, atol=1e-9 * np.abs(r).max())
+        # jok=True reuses the saved Jacobian (new gamma only).
+        assert prob.prec_setupfn(0.0, y * 3.0, True, flag, gamma / 2) == 0 and flag.value is False
+        assert prob.counters()["npeval"] == 1
+
+
+# ------------------------------------------------------------------ refusals, errors
+
+@needs_odes
+@pytest.mark.parametrize("make,kwargs", [
+    (sundials.cvode, dict(linsolver="dense", precond="block")),
+    (sundials.cvode, dict(linsolver="spgmr", precond="ilu")),
+    (sundials.cvode, dict(linsolver="klu")),
+    (sundials.cvode, dict(linsolver="spgmr", axis=0)),
+    (sundials.ida, dict(linsolver="spgmr", precond="block")),
+    (sundials.cvode, dict(jacfn=lambda *a: 0)),
+    (sundials.cvode, dict(linsolver="spgmr", jtimes="setup")),
+    (sundials.cvode, dict(linsolver="spgmr", jtimes="always")),
+    (sundials.cvode, dict(no_such_option=1)),
+])
+def test_bad_options(make, kwargs):
+    with pytest.raises(JacError) as exc:
+        make(TROPO, **kwargs)
+    assert exc.value.code == "bad_option"
+
+
+@needs_odes
+def test_callback_errors_are_reraised(y0):
+    prob = sundials.cvode(TROPO, forcing={"fj": FJ}, y0=y0, max_steps=20000)
+    out = np.empty(3)
+    assert prob.rhsfn(0.0, np.ones(3), out) == -1       # wrong length: refused inside
+    assert isinstance(prob._st["error"], JacError)
+    with pytest.raises(JacError) as exc:
+        prob.solve(TOUT, y0=np.ones(5))
+    assert exc.value.code == "bad_argument"
+    assert prob.solve(TOUT).flag == 0                     # usable again
+
+
+@needs_odes
+def test_plugin_create(y0):
+    from esmjac import plugins
+    prob = plugins.create("sundials.cvode", TROPO, linsolver="spgmr", precond="block")
+    assert isinstance(prob, sundials.SundialsProblem) and prob.kind == "cvode"
+    prob = plugins.create("sundials.ida", TROPO)
+    assert prob.kind == "ida" and prob.jacfn is not None
+
+
+@pytest.mark.parametrize("factory", ["cvode", "ida"])
+def test_adapter_unavailable_without_scikits_odes(factory, monkeypatch):
+    monkeypatch.setitem(sys.modules, "scikits.odes", None)   # import now raises ImportError
+    with pytest.raises(JacError) as exc:
+        getattr(sundials, factory)(TROPO)
+    assert exc.value.code == "adapter_unavailable"
+    assert "esmjac[sundials]" in exc.value.message and "scipy.ivp" in exc.value.message

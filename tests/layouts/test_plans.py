@@ -1,0 +1,377 @@
+"""Scatter plans and the products: apply / apply_transpose against the
+assembled matrix, contract against finite differences of apply_transpose,
+determinism (threads, lane order, padding, Python threads), refusals and
+bad input (each rejected in Python before compiled code runs)."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from scipy.sparse import csr_array
+
+from tests.support.programs import TROPO12, close, jac_prog, point, rhs_prog
+
+from esmjac import JacError
+from esmjac.layouts import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
+from esmjac.runtime.programs import JacobianProgram, RhsProgram
+
+PRODUCT_FX = ["tropo12", "bd_chem", "adv_react_2d", "contracted_ops", "flux_form_adv"]
+
+
+def csr_at(fx, u, wrt="states"):
+    j, r = jac_prog(fx, wrt), rhs_prog(fx)
+    plan = j.plan(Csr(), source=r)
+    ws = j.new_workspace()
+    out = np.zeros(plan.out_size(ws.lanes))
+    j.eval_into(plan, u, r.p0, 0.0, None, out, ws)
+    return j, plan, ws, csr_array((out, plan.indices, plan.indptr), shape=tuple(plan.info["shape"]))
+
+
+@pytest.mark.parametrize("fx", PRODUCT_FX)
+def test_apply_and_transpose_match_the_matrix(fx):
+    r = rhs_prog(fx)
+    u = point(r, 4)
+    j, plan, ws, M = csr_at(fx, u)
+    rng = np.random.default_rng(1)
+    v = rng.standard_normal(j.col_size(ws.lanes))
+    y0 = rng.standard_normal(j.u_size(ws.lanes))
+    y = y0.copy()
+    j.apply(plan, ws, v, y)
+    assert close(y - y0, M @ v, 1e-13)
+    lam = rng.standard_normal(j.u_size(ws.lanes))
+    g = np.zeros(j.col_size(ws.lanes))
+    j.apply_transpose(plan, ws, lam, g)
+    assert close(g, M.T @ lam, 1e-13)
+
+
+def test_apply_transpose_accumulates_in_float64_for_float32_storage():
+    r = rhs_prog("tropo12")
+    j = jac_prog("tropo12")
+    plan = j.plan(LaneBlocks(), source=r)
+    ws = j.new_workspace()
+    out = np.zeros(plan.out_size(ws.lanes), np.float32)
+    j.eval_into(plan, point(r, 0).astype(np.float32), r.p0, 0.0, None, out, ws)
+    lam = np.ones(j.u_size(ws.lanes), np.float32)
+    with pytest.raises(JacError):
+        j.apply_transpose(plan, ws, lam, np.zeros(j.col_size(ws.lanes), np.float32))
+    g = np.zeros(j.col_size(ws.lanes))
+    j.apply_transpose(plan, ws, lam, g)
+    assert g.dtype == np.float64 and np.all(np.isfinite(g))
+
+
+def test_parameter_columns_apply_transpose():
+    """Scalar (global) and per-cell (lane) columns together: wrt parameters."""
+    r = rhs_prog("tropo12")
+    u = point(r, 2)
+    j, plan, ws, M = csr_at("tropo12", u, "parameters")
+    # apply works in the lane column layout: lane columns first, then scalars
+    lam = np.random.default_rng(3).standard_normal(j.u_size(ws.lanes))
+    g = np.zeros(j.col_size(ws.lanes))
+    j.apply_transpose(plan, ws, lam, g)
+    ref = M.T @ lam
+    m = j.meta
+    N = ws.lanes
+    for i, var in enumerate(m["lane_vars"]):
+        b = j.col_base[var]
+        assert close(g[i * N:(i + 1) * N], ref[b:b + N], 1e-13)
+    for i, var in enumerate(m["glob_vars"]):
+        assert close(g[m["n_lane_cols"] * N + i:m["n_lane_cols"] * N + i + 1],
+                     ref[j.col_base[var]:j.col_base[var] + 1], 1e-13)
+
+
+@pytest.mark.parametrize("fx", ["tropo12", "bd_chem", "adv_react_2d", "flux_form_adv"])
+def test_contract_matches_finite_differences_of_apply_transpose(fx):
+    r = rhs_prog(fx)
+    j = jac_prog(fx)
+    plan = j.plan(Csr(), source=r)
+    u = point(r, 5)
+    rng = np.random.default_rng(2)
+    lam = rng.standard_normal(u.size)
+    v = rng.standard_normal(u.size) * np.abs(u)
+
+    def jt(x):
+        ws = j.new_workspace()
+        o = np.zeros(plan.out_size(ws.lanes))
+        j.eval_into(plan, x, r.p0, 0.0, None, o, ws)
+        g = np.zeros(u.size)
+        j.apply_transpose(plan, ws, lam, g)
+        return g
+
+    ws2 = j.new_workspace()
+    o = np.zeros(plan.out_size(ws2.lanes))
+    j.eval_into(plan, u, r.p0, 0.0, None, o, ws2)
+    out = np.zeros(u.size)
+    j.contract(plan, ws2, lam, v, out)
+    eps = 1e-4      # central differences: truncation O(eps²), round-off ~1e-16/eps
+    fd = (jt(u + eps * v) - jt(u - eps * v)) / (2 * eps)
+    scale = np.max(np.abs(fd)) + 1e-300
+    assert np.max(np.abs(out - fd)) <= 1e-6 * scale, np.max(np.abs(out - fd)) / scale
+
+
+# ------------------------------------------------------------------ determinism
+
+def _lane_eval(j, r, lay, u_lanes, f_lanes, L, order=None):
+    plan = j.plan(lay, source=r)
+    ws = j.new_workspace(L)
+    if order is not None:
+        ws.set_lane_order(order, j.layout.cell_shape)
+    out = np.zeros(plan.out_size(L))
+    j.eval_into(plan, u_lanes, r.p0, 0.0, f_lanes, out, ws)
+    return out
+
+
+@pytest.mark.parametrize("lay", [LaneBlocks(), LaneBlocks("markowitz"), LaneSparseBlocks()])
+def test_shuffled_lanes_and_padding_are_bitwise_identical(lay):
+    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    N, n = j.cells, j.n_species
+    u = point(r, 9)
+    f = r.forcing0 * np.random.default_rng(1).uniform(0.5, 1.5, r.forcing0.size)
+    nf = f.size // N
+
+    def lanes_of(x, k, idx):
+        return np.ascontiguousarray(x.reshape(k, N)[:, idx]).ravel()
+
+    base = _lane_eval(j, r, lay, u, f, N).reshape(-1, N)
+    perm = np.random.default_rng(0).permutation(N)
+    shuf = _lane_eval(j, r, lay, lanes_of(u, n, perm), lanes_of(f, nf, perm), N, perm).reshape(-1, N)
+    assert np.array_equal(shuf, base[:, perm])
+    P = N + 5                                   # padding lanes duplicate the last cell
+    pidx = np.minimum(np.arange(P), N - 1)
+    pad = _lane_eval(j, r, lay, lanes_of(u, n, pidx), lanes_of(f, nf, pidx), P).reshape(-1, P)
+    assert np.array_equal(pad[:, :N], base)
+    assert np.array_equal(pad[:, N:], np.repeat(base[:, -1:], 5, axis=1))
+
+
+def test_python_threads_sharing_one_program():
+    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    plan = j.plan(LaneSparseBlocks(), source=r)
+    pts = [point(r, s) for s in range(8)]
+
+    def work(u):
+        ws = j.new_workspace()
+        out = np.zeros(plan.out_size(ws.lanes))
+        for _ in range(20):
+            j.eval_into(plan, u, r.p0, 0.0, None, out, ws)
+        return out.copy()
+
+    serial = [work(u) for u in pts]
+    with ThreadPoolExecutor(4) as ex:
+        threaded = list(ex.map(work, pts))
+    for a, b in zip(serial, threaded):
+        assert np.array_equal(a, b)
+
+
+_THREADS_SCRIPT = r"""
+import sys, json, hashlib, numpy as np, numba
+from esmjac.models.mechanism import lift
+from esmjac.runtime.programs import JacobianProgram, RhsProgram
+from esmjac.layouts import LaneBlocks, Csr, LaneSparseBlocks
+doc = lift(json.load(open(sys.argv[2])), 3000)
+r = RhsProgram.build(doc); j = JacobianProgram.build(doc)
+u = r.u0 * np.random.default_rng(0).uniform(0.5, 1.5, r.u0.size)
+res = {}
+for n in (1, 2, 7, 16):
+    numba.set_num_threads(n)
+    hs = []
+    for lay in (LaneBlocks(), LaneSparseBlocks(), Csr()):
+        plan = j.plan(lay, source=r); ws = j.new_workspace()
+        out = np.zeros(plan.out_size(ws.lanes)); j.eval_into(plan, u, r.p0, 0.0, None, out, ws)
+        g = np.zeros(j.col_size(ws.lanes)); j.apply_transpose(plan, ws, u, g)
+        hs.append(hashlib.sha256(out.tobytes() + g.tobytes()).hexdigest())
+    f = np.empty_like(u); r.eval_into(u, r.p0, 0.0, None, f)
+    hs.append(hashlib.sha256(f.tobytes()).hexdigest())
+    res[n] = hs
+print(json.dumps(res))
+"""
+
+
+def test_bitwise_identical_for_1_2_7_16_threads():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = dict(os.environ, NUMBA_NUM_THREADS="16")
+    p = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, "-", str(TROPO12)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(res) == 4
+    first = res["1"]
+    for n, hs in res.items():
+        assert hs == first, n
+
+
+# ------------------------------------------------------------------ refusals
+
+def test_laneblocks_refuse_a_stencil():
+    with pytest.raises(JacError) as e:
+        jac_prog("adv_interior").plan(LaneBlocks())
+    assert e.value.code == "nonuniform_pattern"
+    with pytest.raises(JacError) as e:
+        jac_prog("adv_interior").plan(LaneSparseBlocks())
+    assert e.value.code == "nonuniform_pattern"
+
+
+def test_foreign_source_and_foreign_plan():
+    import copy
+    r8, j8 = rhs_prog("tropo12"), jac_prog("tropo12")
+    doc = json.loads(TROPO12.read_text())
+    doc16 = copy.deepcopy(doc)
+    doc16["index_sets"]["cell"]["size"] = 16
+    r16 = RhsProgram.build(doc16)
+    with pytest.raises(JacError) as e:
+        j8.plan(Csr(), source=r16)
+    assert e.value.code == "foreign_layout"
+    with pytest.raises(JacError) as e:
+        j8.plan(Csr(), source=rhs_prog("bd_chem"))
+    assert e.value.code == "unresolvable_column"
+    j16 = JacobianProgram.build(doc16)
+    plan16 = j16.plan(Csr(), source=r16)
+    ws = j8.new_workspace()
+    with pytest.raises(JacError) as e:
+        j8.eval_into(plan16, point(r8, 0), r8.p0, 0.0, None, np.zeros(plan16.out_size(16)), ws)
+    assert e.value.code == "foreign_layout"
+    with pytest.raises(JacError) as e:
+        j8.eval_into(j8.plan(Csr()), point(r8, 0), r8.p0, 0.0, None,
+                     np.zeros(j8.plan(Csr()).out_size(8)), j16.new_workspace())
+    assert e.value.code == "bad_argument" and "another" in str(e.value)
+
+
+def test_empty_bands_gate_still_applies_to_programs(tmp_path):
+    doc = {"esm": "1.1.0", "metadata": {"name": "flat"}, "index_sets": {"c": {"kind": "interval", "size": 3}},
+           "models": {"M": {"variables": {"A": {"type": "unknown", "shape": ["c"], "default": 1.0},
+                                          "k": {"type": "parameter", "default": 2.0}},
+                            "equations": [{"lhs": {"op": "D", "args": ["A"], "wrt": "t"},
+                                           "rhs": {"op": "faq", "output_idx": ["i"], "args": [],
+                                                   "ranges": {"i": {"from": "c"}}, "expr": "k"}}]}}}
+    with pytest.raises(JacError) as e:
+        JacobianProgram.build(doc)
+    assert e.value.code == "empty_bands"
+
+
+def test_plans_pickle_and_serialize():
+    j, r = jac_prog("tropo12"), rhs_prog("tropo12")
+    for lay in (LaneBlocks(), LaneSparseBlocks(), Csr(), ColumnBanded()):
+        plan = j.plan(lay, source=r)
+        again = pickle.loads(pickle.dumps(plan))
+        assert again.to_json() == plan.to_json()
+        json.loads(plan.to_json())
+        u = point(r, 0)
+        ws = j.new_workspace()
+        a = np.zeros(plan.out_size(ws.lanes))
+        b = np.zeros(plan.out_size(ws.lanes))
+        j.eval_into(plan, u, r.p0, 0.0, None, a, ws)
+        j.eval_into(again, u, r.p0, 0.0, None, b, ws)
+        assert np.array_equal(a, b)
+    assert plan.arrays["ptr"].flags.writeable is False
+
+
+# ------------------------------------------------------------------ bad input
+
+@pytest.fixture(scope="module")
+def setup():
+    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    plan = j.plan(LaneBlocks(), source=r)
+    ws = j.new_workspace()
+    u = point(r, 0)
+    out = np.zeros(plan.out_size(ws.lanes))
+    return r, j, plan, ws, u, out
+
+
+@pytest.mark.parametrize("case", ["short_u", "u_2d", "u_int", "u_strided", "out_short", "out_dtype",
+                                  "mixed_dtype", "p_short", "forcing_short", "not_array", "ws_type",
+                                  "plan_type", "readonly_out"])
+def test_bad_arguments_are_rejected_in_python(setup, case):
+    r, j, plan, ws, u, out = setup
+    args = dict(plan=plan, u=u, p=r.p0, t=0.0, forcing=None, out=out, ws=ws)
+    if case == "short_u":
+        args["u"] = u[:-1].copy()
+    elif case == "u_2d":
+        args["u"] = u.reshape(j.n_species, -1)
+    elif case == "u_int":
+        args["u"] = u.astype(np.int64)
+    elif case == "u_strided":
+        args["u"] = np.repeat(u, 2)[::2]
+    elif case == "out_short":
+        args["out"] = out[:-3].copy()
+    elif case == "out_dtype":
+        args["out"] = out.astype(np.float32)
+    elif case == "mixed_dtype":
+        args["u"] = u.astype(np.float32)
+    elif case == "p_short":
+        args["p"] = r.p0[:-1]
+    elif case == "forcing_short":
+        args["forcing"] = np.ones(3)
+    elif case == "not_array":
+        args["u"] = list(u)
+    elif case == "ws_type":
+        args["ws"] = object()
+    elif case == "plan_type":
+        args["plan"] = "csr"
+    elif case == "readonly_out":
+        o = out.copy()
+        o.setflags(write=False)
+        args["out"] = o
+    with pytest.raises(JacError) as e:
+        j.eval_into(args["plan"], args["u"], args["p"], args["t"], args["forcing"], args["out"], args["ws"])
+    assert e.value.code == "bad_argument"
+
+
+def test_apply_before_eval_and_wrong_vectors():
+    r, j = rhs_prog("bd_chem"), jac_prog("bd_chem")
+    plan = j.plan(Csr(), source=r)
+    ws = j.new_workspace()
+    with pytest.raises(JacError) as e:
+        j.apply(plan, ws, np.zeros(j.col_size(ws.lanes)), np.zeros(j.u_size(ws.lanes)))
+    assert "eval_into first" in str(e.value)
+    out = np.zeros(plan.out_size(ws.lanes))
+    j.eval_into(plan, point(r, 0), r.p0, 0.0, None, out, ws)
+    with pytest.raises(JacError):
+        j.apply(plan, ws, np.zeros(j.col_size(ws.lanes) + 1), np.zeros(j.u_size(ws.lanes)))
+
+
+def test_nan_from_finite_inputs_is_reported():
+    doc = {"esm": "1.1.0", "metadata": {"name": "logmodel"},
+           "index_sets": {"c": {"kind": "interval", "size": 4}},
+           "models": {"M": {"variables": {"A": {"type": "unknown", "shape": ["c"], "default": 1.0}},
+                            "equations": [{"lhs": {"op": "D", "args": ["A"], "wrt": "t"},
+                                           "rhs": {"op": "faq", "output_idx": ["i"], "args": [],
+                                                   "ranges": {"i": {"from": "c"}},
+                                                   "expr": {"op": "log", "args": [{"op": "index", "args": ["A", "i"]}]}}}]}}}
+    j = JacobianProgram.build(doc)
+    plan = j.plan(Csr())
+    ws = j.new_workspace()
+    out = np.zeros(plan.out_size(ws.lanes))
+    u = np.array([1.0, 2.0, 0.0, 3.0])
+    with pytest.raises(JacError) as e:
+        j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
+    assert e.value.code == "evaluation_error" and "position 2" in str(e.value)
+    u[2] = np.nan                     # non-finite in: passed through, not an error
+    j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
+    assert np.isnan(out[2]) and out[0] == 1.0
+
+
+@pytest.mark.parametrize("fx", ["tropo12", "bd_chem"])
+def test_fused_lane_kernels_equal_the_slab_path_bitwise(fx):
+    r, j = rhs_prog(fx), jac_prog(fx)
+    u = point(r, 6)
+    for lay in (LaneBlocks(), LaneBlocks("markowitz"), LaneSparseBlocks(), Csr()):
+        plan = j.plan(lay, source=r)
+        for dtype in (np.float64, np.float32):
+            outs = []
+            for keep in (True, False):
+                ws = j.new_workspace(keep_slab=keep)
+                out = np.full(plan.out_size(ws.lanes), np.nan, dtype)
+                j.eval_into(plan, u.astype(dtype), r.p0, 0.0, None, out, ws)
+                outs.append(out)
+            assert np.array_equal(outs[0], outs[1]), (lay, dtype)
+    ws = j.new_workspace(keep_slab=False)
+    plan = j.plan(Csr(), source=r)
+    j.eval_into(plan, u, r.p0, 0.0, None, np.zeros(plan.out_size(ws.lanes)), ws)
+    with pytest.raises(JacError) as e:
+        j.apply(plan, ws, np.zeros(j.col_size(ws.lanes)), np.zeros(j.u_size(ws.lanes)))
+    assert "keep_slab" in str(e.value)
