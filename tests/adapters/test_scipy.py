@@ -214,3 +214,29 @@ def test_plugin_create():
     from esmjac import plugins
     prob = plugins.create("scipy.ivp", TROPO, method="Radau")
     assert isinstance(prob, IvpProblem) and prob.method == "Radau"
+
+
+def test_jac_writes_csc_directly_and_shares_index_arrays(tropo):
+    """jac's values come from a Csc plan (no permutation per call): they equal
+    the CSR plan's values converted by SciPy; index arrays are shared and
+    read-only, the values are fresh per call."""
+    y = tropo.y0
+    J1, J2 = tropo.jac(1.0, y), tropo.jac(1.0, y * 1.1)
+    ref = tropo.jac_csr(1.0, y).tocsc()
+    ref.sort_indices()
+    assert np.array_equal(J1.indptr, ref.indptr) and np.array_equal(J1.indices, ref.indices)
+    np.testing.assert_array_equal(J1.data, ref.data)
+    assert np.shares_memory(J1.indices, J2.indices) and not J1.indices.flags.writeable
+    assert not np.shares_memory(J1.data, J2.data)
+
+
+def test_box_mechanism_through_ivp():
+    """A box (0-D) mechanism runs through the adapter as a one-cell program."""
+    import json
+    from esmjac.models.mechanism import box
+    doc = box(json.loads(open(TROPO).read()))
+    prob = ivp(doc)
+    assert prob.rhs.kind == "cell" and prob.n == 15
+    J = prob.jac(0.0, prob.y0).toarray()
+    ref = assemble(doc, u=dict(zip(prob.names, prob.y0))).matrix.toarray()
+    np.testing.assert_allclose(J, ref, rtol=1e-12, atol=0)

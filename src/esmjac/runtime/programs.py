@@ -17,9 +17,12 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,6 @@ from ..compile.cache import cache_dir
 from ..errors import JacError
 from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
 from ..model.load import SystemView, load_view
-from ..reference.oracle import element_names
 
 __all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
 
@@ -44,6 +46,7 @@ PROGRAM_OPTIONS = {
     "tape_above": 1500,       # auto: statements above which a cell program is taped
     "cache": True,            # reuse whole build products from the on-disk cache
     "progress": False,        # print build stages to stderr
+    "per_lane": (),           # scalar parameters read per lane from `forcing` (cell programs)
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -124,6 +127,66 @@ def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
     return out
 
 
+class ElementNames(Sequence):
+    """Element names of the state vector at a lane count, computed on access
+    (a 10⁶-cell program stores no 12 M strings): ``"Chem.O3[5]"`` — the names
+    ``earthsci_ast.evaluate_rhs`` gives the document (``lanes`` = its cell
+    count) or its lift to ``lanes`` cells (a box mechanism at ``lanes`` > 1).
+    Lanes past the document's cells (padding) repeat its last cell."""
+
+    __slots__ = ("_scope", "_states", "_shapes", "_cell", "_lanes", "_box", "_sizes", "_starts")
+
+    def __init__(self, lay: ModelLayout, kind: str, lanes: int):
+        self._scope = lay.scope
+        self._states = lay.states
+        self._box = lay.box
+        self._cell = tuple(lay.cell_shape) if kind == "cell" else None
+        self._lanes = lanes
+        if kind == "cell":
+            self._shapes = None
+            self._sizes = [lanes] * len(lay.states)
+        else:
+            self._shapes = [tuple(lay.shapes.get(s, ())) for s in lay.states]
+            self._sizes = [int(np.prod(sh)) if sh else 1 for sh in self._shapes]
+        self._starts = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _name(self, i: int) -> str:
+        s = int(np.searchsorted(self._starts, i, side="right")) - 1
+        k = i - int(self._starts[s])
+        n = self._scope + self._states[s]
+        if self._shapes is not None:
+            sh = self._shapes[s]
+            return f"{n}[{','.join(str(x + 1) for x in np.unravel_index(k, sh))}]" if sh else n
+        if self._box:
+            return n if self._lanes == 1 else f"{n}[{k + 1}]"
+        ncell = int(np.prod(self._cell))
+        idx = np.unravel_index(min(k, ncell - 1), self._cell)
+        return f"{n}[{','.join(str(x + 1) for x in idx)}]"
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._name(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self._name(int(i))
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self._name(i)
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (Sequence, ElementNames)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ElementNames({len(self)} elements)"
+
+
 def _check_vec(name: str, x, n: int, dtype=None) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise JacError("bad_argument", f"`{name}` must be a NumPy array, got {type(x).__name__}")
@@ -159,8 +222,8 @@ def _defaults(view: SystemView, lay: ModelLayout) -> tuple:
     u0 = np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in lay.states]) \
         if lay.states else np.zeros(0)
     p0 = np.array([float(pt.values[n]) for n in lay.params], dtype=np.float64)
-    f0 = np.concatenate([np.ravel(np.asarray(pt.values[n], dtype=np.float64)) for n in lay.forcing]) \
-        if lay.forcing else np.zeros(0)
+    f0 = np.concatenate([np.broadcast_to(np.ravel(np.asarray(pt.values[n], dtype=np.float64)), (lay.size(n),))
+                         for n in lay.forcing]) if lay.forcing else np.zeros(0)
     return u0, p0, f0
 
 
@@ -241,6 +304,36 @@ class _Base:
     def n_species(self) -> int:
         return len(self.layout.states)
 
+    def element_names(self, lanes: int | None = None) -> ElementNames:
+        """Names of the state elements in ``u`` order at ``lanes`` lanes
+        (default: the document's cells), computed on access."""
+        if self.kind != "cell":
+            lanes = 1
+        return ElementNames(self.layout, self.kind, self.cells if lanes is None else int(lanes))
+
+    @property
+    def names(self) -> ElementNames:
+        """Element names in ``u`` order at the document's own cell count."""
+        return self.element_names()
+
+    row_names = names
+
+    def defaults(self, lanes: int | None = None) -> tuple:
+        """``(u0, p0, forcing0)`` from the document's defaults at ``lanes``
+        lanes (cell programs: lane ``l`` takes cell ``min(l, cells-1)``'s
+        values, so a box mechanism's defaults broadcast to every lane);
+        entries are None where the document gives no default."""
+        u0, p0, f0 = self.u0, self.p0, self.forcing0
+        if self.kind != "cell" or lanes is None or lanes == self.cells:
+            return u0, p0, f0
+        flat = np.minimum(np.arange(int(lanes)), self.cells - 1)
+
+        def spread(x, k):
+            if x is None:
+                return None
+            return np.ascontiguousarray(x.reshape(k, self.cells)[:, flat].ravel())
+        return spread(u0, len(self.layout.states)), p0, spread(f0, len(self.layout.forcing))
+
     def u_size(self, lanes: int) -> int:
         if self.kind == "cell":
             return len(self.layout.states) * lanes
@@ -279,15 +372,25 @@ class _Base:
         cix = lane_cells(self.layout.cell_shape, L) if self.kind == "cell" else np.zeros(1, np.int64)
         self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
+    def _forcing_default(self, lanes: int):
+        """The default forcing at ``lanes`` lanes (computed once per lane count)."""
+        memo = self.__dict__.setdefault("_fdefault", {})
+        if lanes not in memo:
+            f0 = self.defaults(lanes)[2]
+            if f0 is not None:
+                f0.setflags(write=False)
+            memo[lanes] = f0
+        return memo[lanes]
+
     def _forcing(self, forcing, lanes: int, dtype) -> np.ndarray:
         n = self.f_size(lanes)
         if forcing is None:
             if n == 0:
                 return np.zeros(1, dtype=dtype)
-            f0 = self.forcing0
-            if f0 is None or (self.kind == "cell" and lanes != self.cells):
-                raise JacError("bad_argument", "`forcing` is required (no defaults for this lane count)")
-            return np.ascontiguousarray(f0, dtype=dtype)
+            f0 = self._forcing_default(lanes)
+            if f0 is None:
+                raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
+            return f0 if f0.dtype == dtype else np.ascontiguousarray(f0, dtype=dtype)
         if n == 0:
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
@@ -300,7 +403,7 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
         from .. import __version__
         import numba
         from ..compile.cache import code_version
-        key = _source_key(source, model, f"{code_version()}|{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
+        key = _source_key(source, model, f"{code_version()}|{kind}|{wrt}|{opts['max_stmts']}|{tuple(opts['per_lane'])}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
                                          f"{__version__}|{numba.__version__}")
     path = cache_dir() / f"b{key[:40]}.pkl" if key else None
     if path is not None and path.exists():
@@ -327,7 +430,6 @@ class RhsProgram(_Base):
     doc: EvalDoc
     layout: ModelLayout
     kind: str
-    names: tuple               # element names in ``u`` order (L = cells)
     param_names: tuple
     forcing_names: tuple
     u0: Any
@@ -346,13 +448,13 @@ class RhsProgram(_Base):
 
         def make():
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view)
+            lay = model_layout(view, opts["per_lane"])
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0)
             kern = _compile(doc, opts)
             _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
             u0, p0, f0 = _defaults(view, lay)
-            return cls(doc, lay, doc.kind, tuple(element_names(view, list(lay.states))),
+            return cls(doc, lay, doc.kind,
                        lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
                        view.element_type)
 
@@ -379,20 +481,29 @@ class RhsProgram(_Base):
             lane_cells(self.layout.cell_shape, lanes)
         return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix)
 
+    def bind(self, lanes: int | None = None, dtype=None, *, scratch: "_RhsScratch | None" = None):
+        """A bound call ``run(u, p, t, forcing, out)`` at ``lanes`` lanes
+        (default: the document's cells) and ``dtype`` (default: the declared
+        element type): checks and kernel choices made once, the first call
+        warm (see ``runtime.bound``). One binding per thread."""
+        from .bound import BoundRhs
+        return BoundRhs(self, lanes, dtype, scratch)
+
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   scratch: "_RhsScratch | None" = None) -> np.ndarray:
-        """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype."""
+        """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype.
+
+        Runs through a binding cached on ``scratch`` (or per thread when
+        none is given), so repeated calls pay only the argument checks."""
         lanes = scratch.lanes if scratch is not None else (self.cells if self.kind == "cell" else 1)
         _check_vec("u", u, self.u_size(lanes))
-        _check_vec("out", out, self.u_size(lanes), u.dtype)
-        p = _params(p, len(self.param_names))
-        f = self._forcing(forcing, lanes, u.dtype)
-        sc = scratch or self.new_buffers(lanes)
-        if self.kind == "global":
-            out[:] = 0
-        with _Serial(u.shape[0]):
-            self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
-        return out
+        key = (lanes, u.dtype)
+        binds = scratch.binds if scratch is not None else _thread_binds(self)
+        b = binds.get(key)
+        if b is None:
+            from .bound import BoundRhs
+            b = binds[key] = BoundRhs(self, lanes, u.dtype, scratch, warm=False)
+        return b(u, p, t, forcing, out)
 
     def __call__(self, t: float, y: np.ndarray, p=None, forcing=None) -> np.ndarray:
         """``f(t, y)`` with the document's parameter defaults (solver style)."""
@@ -405,6 +516,21 @@ class _RhsScratch:
     lanes: int
     h: np.ndarray
     cix: np.ndarray
+    binds: dict = field(default_factory=dict)
+
+
+_TLS = threading.local()
+
+
+def _thread_binds(prog) -> dict:
+    """This thread's cached bindings of ``prog`` (calls without scratch)."""
+    d = getattr(_TLS, "binds", None)
+    if d is None:
+        d = _TLS.binds = weakref.WeakKeyDictionary()
+    got = d.get(prog)
+    if got is None:
+        got = d[prog] = {}
+    return got
 
 
 def _layout_fp(lay: ModelLayout, kind: str) -> str:
@@ -443,6 +569,7 @@ class JacWorkspace:
     last_dtype: Any = None
     last_plan: Any = None
     second: dict = field(default_factory=dict)
+    binds: dict = field(default_factory=dict, repr=False)
 
     def slab(self, dtype, size: int) -> np.ndarray:
         s = self.slabs.get(dtype)
@@ -452,8 +579,14 @@ class JacWorkspace:
         return s
 
     def set_lane_order(self, order, cell_shape: tuple) -> None:
-        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes)."""
-        self.cix = lane_cells(cell_shape, self.lanes, order)
+        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes).
+        Written in place: bindings of this workspace read the same array."""
+        cix = lane_cells(cell_shape, self.lanes, order)
+        if cix.shape == self.cix.shape:
+            self.cix[:] = cix
+        else:
+            self.cix = cix
+            self.binds.clear()
 
 
 @dataclass(frozen=True, eq=False)
@@ -466,7 +599,6 @@ class JacobianProgram(_Base):
     wrt: str
     bands: tuple               # JacEntry, read-only
     structure: str
-    row_names: tuple
     col_vars: tuple            # column variables, declaration order
     col_base: dict             # column variable → first global column
     n_cols: int
@@ -489,9 +621,9 @@ class JacobianProgram(_Base):
 
         def make():
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            bs = BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+            lay = model_layout(view, opts["per_lane"])
+            bs = _bandset(view, wrt, lay, opts)
             _stage(opts, f"calculus: {len(bs.entries)} bands ({bs.structure})", t0)
-            lay = model_layout(view)
             rdoc = rhs_doc(view, lay)
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
@@ -502,7 +634,7 @@ class JacobianProgram(_Base):
             u0, p0, f0 = _defaults(view, lay)
             fp = hashlib.sha256((kern.key + doc.to_json()).encode()).hexdigest()
             return cls(doc, lay, doc.kind, wrt, bs.entries, bs.structure,
-                       tuple(element_names(view, list(lay.states))), cvars, cbase, ncols, kern, fp,
+                       cvars, cbase, ncols, kern, fp,
                        _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
@@ -558,36 +690,29 @@ class JacobianProgram(_Base):
         if plan.fingerprint != self.fingerprint:
             raise JacError("foreign_layout", "this plan was built for another JacobianProgram")
 
+    def bind(self, plan, ws: JacWorkspace, dtype=np.float64):
+        """A bound call ``run(u, p, t, forcing, out)`` of ``eval_into`` for
+        ``plan``, ``ws`` and ``dtype``: plan, workspace, lanes, sizes and
+        dtype checked once, every kernel the calls need compiled now (the
+        first call is warm), per call only attribute checks of the
+        arguments (see ``runtime.bound``)."""
+        from .bound import BoundJacobian
+        return BoundJacobian(self, plan, ws, dtype)
+
     def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   ws: JacWorkspace) -> np.ndarray:
-        """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing)."""
-        from . import kernels as K
+        """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing).
+
+        Runs through a binding cached on ``ws`` per (plan, dtype)."""
         self._check_plan(plan)
         self._check_ws(ws)
-        L = ws.lanes
-        plan.check_lanes(L)
-        _check_vec("u", u, self.u_size(L))
-        _check_vec("out", out, plan.out_size(L), u.dtype)
-        if not out.flags.writeable:
-            raise JacError("bad_argument", "`out` is read-only")
-        pv = _params(p, len(self.layout.params))
-        f = self._forcing(forcing, L, u.dtype)
-        with _Serial(u.shape[0]):
-            if not ws.keep_slab and plan.kind == "lane" and self.kernel.engine == "codegen":
-                self._run_fused(plan, u, pv, t, f, out, ws, L)
-                ws.last_dtype = None
-            else:
-                B = ws.slab(u.dtype, self.slab_size(L))
-                self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
-                plan.scatter(B, L, out)
-                ws.last_dtype = u.dtype
-            bad = K.count_nonfinite(out)
-        ws.last_plan = plan.fingerprint
-        ws.second.pop("state", None)
-        ws.second["point"] = (u, pv, float(t), f)
-        if bad:
-            _report_nonfinite(out, (u, pv, f), "Jacobian")
-        return out
+        _check_vec("u", u, self.u_size(ws.lanes))
+        key = (id(plan), u.dtype, ws.keep_slab)
+        b = ws.binds.get(key)
+        if b is None or b.plan is not plan:
+            from .bound import BoundJacobian
+            b = ws.binds[key] = BoundJacobian(self, plan, ws, u.dtype, warm=False)
+        return b(u, p, t, forcing, out)
 
     def _fused_kernel(self, plan) -> _Kernel:
         """The plan-specific fused kernel (generated on first use, cached on
@@ -682,11 +807,26 @@ def _report_nonfinite(out, inputs, what: str) -> None:
                    "is finite (a singular coefficient such as 1/0 or log(0) at this point)")
 
 
+def _bandset(view, wrt: str, lay: ModelLayout, opts: dict) -> BandSet:
+    """The bands of ∂f/∂wrt; with ``per_lane`` parameters, ``forcing``
+    columns include them (the calculus sees them as scalar parameters)."""
+    if wrt == "forcing" and lay.per_lane:
+        import dataclasses
+        bs = BandSet.build(view, wrt="parameters", options={"allow_empty": bool(opts["allow_empty"])})
+        keep = set(lay.forcing)
+        return dataclasses.replace(bs, wrt="forcing", entries=tuple(e for e in bs.entries if e.col in keep))
+    return BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+
+
 def _colspace(lay: ModelLayout, wrt: str) -> tuple:
     if wrt == "states":
         cvars = lay.states
     elif wrt == "parameters":
         cvars = lay.all_params
+        if lay.per_lane:
+            # Per-lane columns first, as the cell kernels number them
+            # (lane columns c*L + l, scalar ones after every lane).
+            cvars = lay.forcing + tuple(v for v in lay.all_params if v not in lay.forcing)
     elif wrt == "forcing":
         cvars = lay.forcing
     else:
