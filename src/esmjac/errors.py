@@ -22,6 +22,7 @@ CODES: dict[str, str] = {
     "foreign_layout": "a plan or workspace from a different build",
     "nonuniform_pattern": "a per-cell pattern differs between cells",
     "evaluation_error": "a coefficient could not be evaluated at a point",
+    "cache_error": "the on-disk cache folder cannot be used (the message names the path and the fix)",
     "adapter_unavailable": "the solver adapter for a kind is installed but cannot be used here",
 }
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -82,23 +81,6 @@ class _Serial:
 
 
 # ------------------------------------------------------------------ helpers
-
-def _source_key(source: Any, model, extra: str) -> str | None:
-    """A content key of the input document, or None when not hashable."""
-    if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
-        try:
-            data = open(source, "rb").read()
-        except OSError:
-            return None
-    elif isinstance(source, str):
-        data = source.encode()
-    elif isinstance(source, dict):
-        import json
-        data = json.dumps(source, sort_keys=True).encode()
-    else:
-        return None
-    return hashlib.sha256(data + f"\0{model}\0{extra}".encode()).hexdigest()
-
 
 def _stage(opts, msg: str, t0: float) -> None:
     if opts.get("progress"):
@@ -294,27 +276,57 @@ class _Base:
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
-    """Whole-build cache: (key → pickled product) for hashable sources."""
-    key = None
+    """Whole-build cache (compile/cache.py): verified JSON + npz products
+    for keyable sources; kernels, index arrays and fingerprints are rebuilt
+    from the decoded document (:func:`_revive`), never read from disk."""
+    from ..compile.cache import document_key, load_product, store_product
+    keyed = None
     if opts["cache"]:
-        from .. import __version__
-        import numba
-        from ..compile.cache import code_version
-        key = _source_key(source, model, f"{code_version()}|{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
-                                         f"{__version__}|{numba.__version__}")
-    path = cache_dir() / f"b{key[:40]}.pkl" if key else None
-    if path is not None and path.exists():
-        try:
-            with open(path, "rb") as fh:
-                return pickle.load(fh)
-        except Exception:
-            pass
+        keyed = document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
+                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]))
+    if keyed is not None:
+        obj = load_product(keyed[0], _product_types())
+        if obj is not None:
+            try:
+                return _revive(obj, opts)
+            except Exception as exc:     # a product that does not revive is a miss
+                import logging
+                logging.getLogger("esmjac.cache").warning(
+                    "esmjac cache: stored build does not match its document (%s); rebuilding", exc)
     obj = make()
-    if path is not None:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+    if keyed is not None:
+        store_product(keyed[0], obj, keyed[1], _product_types(), _PRODUCT_SKIP)
+    return obj
+
+
+#: Fields never read back from a stored product: generated code and index
+#: arrays are regenerated from the decoded document (see :func:`_revive`).
+_PRODUCT_SKIP = {"_Kernel": ("source", "tapes"), "JacobianProgram": ("meta",)}
+
+
+def _product_types() -> dict:
+    from ..calculus import JacEntry
+    from ..calculus.bands import Band
+    from ..compile.evaldoc import Field
+    return {c.__name__: c for c in (JacobianProgram, RhsProgram, _Kernel, EvalDoc, ModelLayout, Field,
+                                    JacEntry, Band)}
+
+
+def _revive(obj, opts: dict):
+    """Regenerate a decoded product's kernel (checked against the stored
+    content hash), index arrays and fingerprint."""
+    if not isinstance(obj, (JacobianProgram, RhsProgram)) or not isinstance(obj.doc, EvalDoc):
+        raise ValueError("not a program")
+    stored = obj.kernel
+    kern = _compile(obj.doc, {**opts, "engine": stored.engine})
+    if kern.key != stored.key:
+        raise ValueError("the regenerated kernel differs from the stored one")
+    object.__setattr__(obj, "kernel", kern)
+    if isinstance(obj, JacobianProgram):
+        object.__setattr__(obj, "meta", _field_meta(obj.doc, obj.layout, obj.col_vars, obj.col_base))
+        fp = hashlib.sha256((kern.key + obj.doc.to_json()).encode()).hexdigest()
+        if fp != obj.fingerprint:
+            raise ValueError("fingerprint mismatch")
     return obj
 
 
