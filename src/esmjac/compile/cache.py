@@ -110,7 +110,7 @@ def _usable(p: Path) -> Path | None:
         p.mkdir(parents=True, exist_ok=True)
     except JacError:
         raise
-    except FileExistsError as exc:
+    except (FileExistsError, NotADirectoryError) as exc:
         raise JacError("cache_error", f"the cache path {p} (or a parent) is a file, not a folder; set "
                        "ESMJAC_CACHE_DIR to a folder") from exc
     except OSError as exc:

@@ -93,7 +93,9 @@ def contract(prog, plan, ws2, lam: np.ndarray, v: np.ndarray, out: np.ndarray) -
     n = prog.u_size(L)
     _check_vec("lam", lam, n)
     _check_vec("v", v, n)
-    _check_vec("out", out, n, np.float64)
+    _check_vec("out", out, n, np.float64, out=True)
+    from . import checks
+    checks.disjoint({"out": out}, {"lam": lam, "v": v})
     s = second_order(prog)
     m = s.meta
     size = len(s.doc.fields) * L if prog.kind == "cell" else int(m["slab_size"])
