@@ -27,7 +27,7 @@ sundials-sys:
 	fi
 
 $(STAMP_TEST): pyproject.toml | $(VPY) sundials-sys
-	$(VPY) -m pip install -q -e '.[test,sundials]'
+	$(VPY) -m pip install -q -e '.[test,sundials,dask]'
 	touch $@
 
 # One BLAS thread: SciPy's dense peer is 3-4x slower with OpenBLAS threads

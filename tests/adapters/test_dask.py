@@ -1,0 +1,250 @@
+"""The ``dask`` adapter: esmjac programs mapped over chunks of cells.
+
+Oracle: the same model built at the full grid size in this process, one
+``eval_into`` over every lane (``RhsProgram``/``JacobianProgram``, then
+``apply``/``apply_transpose`` on that workspace). The chunked results must be
+*bitwise* equal for three chunkings, on a 2-process LocalCluster (all workers
+and one), on threads, with dask arrays and with xarray in and out.
+Also: the spec shipped to workers is a few kB and does not grow with the
+grid; a cold process builds once under concurrent demand; global (stencil)
+models are refused with a typed error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("dask.array")
+pytest.importorskip("distributed")
+xr = pytest.importorskip("xarray")
+
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+
+from esmjac import JacobianProgram, LaneBlocks, LaneSparseBlocks, RhsProgram  # noqa: E402
+from esmjac.adapters import dask as ad  # noqa: E402
+from esmjac.errors import JacError  # noqa: E402
+from esmjac.models.gridded import column_model, gridded_tropo12  # noqa: E402
+
+N = 240
+CHUNKINGS = [N, 64, (50, 90, 7, 93)]     # one chunk, even chunks, ragged chunks
+
+
+@pytest.fixture(scope="module")
+def client():
+    """One 2-process cluster for the whole module (start-up is the cost)."""
+    from distributed import Client, LocalCluster
+    cluster = LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None,
+                           worker_dashboard_address=None, silence_logs=40)
+    c = Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def case():
+    """The gridded tropo12 model, a varied state, forcing and vectors, and
+    the single-process oracle values."""
+    doc, _, _ = gridded_tropo12(N)
+    r = RhsProgram.build(doc)
+    j = JacobianProgram.build(doc)
+    rng = np.random.default_rng(7)
+    ns = r.n_species
+    u = (r.u0 * rng.uniform(0.5, 1.5, r.u0.size)).reshape(ns, N)
+    fj = rng.uniform(0.2, 1.0, N)
+    v = rng.standard_normal((ns, N))
+    lam = rng.standard_normal((ns, N))
+    uf = np.ascontiguousarray(u.ravel())
+    ref = {"rhs": r.eval_into(uf, r.p0, 0.0, fj, np.empty(uf.size))}
+    for lay in (LaneSparseBlocks(), LaneBlocks("natural")):
+        pl = j.plan(lay, source=r)
+        ws = j.new_workspace()
+        out = j.eval_into(pl, uf, j.p0, 0.0, fj, np.zeros(pl.out_size(N)), ws)
+        ref[lay.name] = out.reshape(-1, N)
+        if isinstance(lay, LaneSparseBlocks):
+            ref["apply"] = j.apply(pl, ws, np.ascontiguousarray(v.ravel()), np.zeros(uf.size)).reshape(ns, N)
+            ref["apply_t"] = j.apply_transpose(pl, ws, np.ascontiguousarray(lam.ravel()),
+                                               np.zeros(uf.size)).reshape(ns, N)
+    ref["rhs"] = ref["rhs"].reshape(ns, N)
+    return dict(doc=doc, u=u, fj=fj, v=v, lam=lam, ref=ref, species=r.layout.states)
+
+
+def _graphs(case, chunks):
+    doc, ns = case["doc"], case["u"].shape[0]
+    U = da.from_array(case["u"], chunks=(ns, chunks))
+    F = {"fj": da.from_array(case["fj"], chunks=(U.chunks[1],))}
+    V = da.from_array(case["v"], chunks=U.chunks)
+    lam = da.from_array(case["lam"], chunks=U.chunks)
+    return {"rhs": ad.rhs(doc, U, forcing=F),
+            "lanesparseblocks": ad.jacobian(doc, U, forcing=F),
+            "laneblocks-natural": ad.jacobian(doc, U, forcing=F, layout=LaneBlocks("natural")),
+            "apply": ad.apply(doc, U, V, forcing=F),
+            "apply_t": ad.apply_transpose(doc, U, lam, forcing=F)}
+
+
+def _same(got: dict, ref: dict):
+    for k, g in got.items():
+        assert g.shape == ref[k].shape, k
+        assert g.dtype == ref[k].dtype, k
+        assert np.array_equal(g, ref[k]), f"{k}: not bitwise equal to one process"
+
+
+@pytest.mark.parametrize("chunks", CHUNKINGS, ids=["one", "even", "ragged"])
+def test_bitwise_on_two_processes(client, case, chunks):
+    g = _graphs(case, chunks)
+    if chunks == 64:
+        assert g["rhs"].numblocks == (1, 4)
+    got = dict(zip(g, client.compute(list(g.values()), sync=True)))
+    _same(got, case["ref"])
+
+
+def test_bitwise_on_one_worker_and_on_threads(client, case):
+    g = _graphs(case, (50, 90, 7, 93))
+    one = client.scheduler_info()["workers"]
+    addr = sorted(one)[0]
+    got = dict(zip(g, client.compute(list(g.values()), workers=[addr], sync=True)))
+    _same(got, case["ref"])
+    with dask.config.set(scheduler="threads", num_workers=3):
+        got = dict(zip(g, dask.compute(*g.values())))
+    _same(got, case["ref"])
+
+
+def test_float32_follows_input(client, case):
+    doc, ns = case["doc"], case["u"].shape[0]
+    u32 = case["u"].astype(np.float32)
+    r = RhsProgram.build(doc)
+    ref = r.eval_into(np.ascontiguousarray(u32.ravel()), r.p0, 0.0, case["fj"].astype(np.float32),
+                      np.empty(u32.size, np.float32)).reshape(ns, N)
+    out = ad.rhs(doc, da.from_array(u32, chunks=(ns, 64)),
+                 forcing={"fj": da.from_array(case["fj"], chunks=64)})
+    got = client.compute(out, sync=True)
+    assert got.dtype == np.float32 and np.array_equal(got, ref)
+
+
+# ------------------------------------------------------------------ xarray
+
+def _dataset(case, chunks=None):
+    """The state on a (lat, lon) grid, lat descending (an order unstack would sort)."""
+    nlat, nlon = 12, 20
+    lat = np.linspace(60.0, -60.0, nlat)
+    lon = np.arange(nlon) * 18.0
+    ds = xr.Dataset({s: (("lat", "lon"), case["u"][i].reshape(nlat, nlon))
+                     for i, s in enumerate(case["species"])},
+                    coords={"lat": lat, "lon": lon}, attrs={"title": "test"})
+    ds["fj"] = (("lat", "lon"), case["fj"].reshape(nlat, nlon))
+    return ds.chunk(chunks) if chunks else ds
+
+
+def test_xarray_dataset_in_dataset_out(client, case):
+    ds = _dataset(case, {"lat": 5})
+    out = ad.rhs(case["doc"], ds)                 # forcing read from the Dataset's own `fj`
+    assert isinstance(out, xr.Dataset)
+    assert list(out.data_vars) == list(case["species"])
+    res = client.compute(out, sync=True)
+    assert list(res["O3"].dims) == ["lat", "lon"]
+    np.testing.assert_array_equal(res["lat"].values, ds["lat"].values)
+    for i, s in enumerate(case["species"]):
+        assert np.array_equal(res[s].values.ravel(), case["ref"]["rhs"][i]), s
+    jac = client.compute(ad.jacobian(case["doc"], ds), sync=True)
+    assert isinstance(jac, xr.DataArray) and jac.dims == ("slot", "lat", "lon")
+    assert np.array_equal(jac.values.reshape(jac.shape[0], -1), case["ref"]["lanesparseblocks"])
+    assert all("," in str(s) for s in jac["slot"].values)
+
+
+def test_xarray_dataarray_and_products(client, case):
+    ds = _dataset(case, {"lon": 7})
+    arr = xr.concat([ds[s] for s in case["species"]], dim="species")
+    forcing = ds[["fj"]]
+    out = ad.rhs(case["doc"], arr, forcing=forcing)
+    assert isinstance(out, xr.DataArray) and out.dims == ("species", "lat", "lon")
+    res = client.compute(out, sync=True)
+    assert np.array_equal(res.values.reshape(len(case["species"]), -1), case["ref"]["rhs"])
+    vv = xr.DataArray(case["v"].reshape(arr.shape), dims=arr.dims, coords=arr.coords).chunk({"lon": 7})
+    y = client.compute(ad.apply(case["doc"], arr, vv, forcing=forcing), sync=True)
+    assert np.array_equal(y.values.reshape(len(case["species"]), -1), case["ref"]["apply"])
+
+
+# ------------------------------------------------------------------ build once, ship small
+
+def test_spec_is_small_and_independent_of_the_grid(case):
+    small = ad.model(case["doc"])
+    big_doc, _, _ = gridded_tropo12(1_000_000)
+    big = ad.model(big_doc)
+    a, b = len(pickle.dumps(small.spec)), len(pickle.dumps(big.spec))
+    assert a < 8192 and abs(a - b) < 64, (a, b)
+    assert big.cells == 1_000_000 and big.spec.template
+    # one graph of many chunks carries the spec once, as one key
+    U = da.zeros((small.n_species, N), chunks=(small.n_species, 8))
+    g = ad.rhs(case["doc"], U, forcing={"fj": da.ones(N, chunks=8)})
+    spec_keys = [k for k in dict(g.__dask_graph__()) if "esmjac-spec" in str(k)]
+    assert len(spec_keys) == 1
+
+
+def test_workers_build_each_spec_once(client, case):
+    ns = case["u"].shape[0]
+    U = da.from_array(case["u"], chunks=(ns, 16))
+    client.compute(ad.rhs(case["doc"], U, forcing={"fj": da.from_array(case["fj"], chunks=16)}), sync=True)
+    key = ad.model(case["doc"]).spec.key
+    counts = client.run(lambda: ad.BUILDS[key])
+    assert counts and all(c <= 1 for c in counts.values()), counts
+
+
+def test_cold_process_builds_once_under_concurrent_tasks(case):
+    spec = ad.model(case["doc"]).spec
+    cold = dataclasses.replace(spec, key="cold-" + spec.key)
+    barrier = threading.Barrier(6)
+    got = []
+
+    def task():
+        barrier.wait()
+        got.append(ad._built(cold))
+
+    ts = [threading.Thread(target=task) for _ in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert ad.BUILDS[cold.key] == 1
+    assert len({id(b) for b in got}) == 1
+
+
+def test_one_workspace_per_thread_reused(case):
+    ns = case["u"].shape[0]
+    U = da.from_array(case["u"], chunks=(ns, 60))
+    F = {"fj": da.from_array(case["fj"], chunks=60)}
+    with dask.config.set(scheduler="synchronous"):
+        ad.jacobian(case["doc"], U, forcing=F).compute()
+        before = {k: id(v) for k, v in ad._TLS.ws.items()}
+        ad.jacobian(case["doc"], U, forcing=F).compute()
+        after = {k: id(v) for k, v in ad._TLS.ws.items()}
+    assert before and before == after
+
+
+# ------------------------------------------------------------------ refusals
+
+def test_stencil_model_is_refused():
+    with pytest.raises(JacError) as ei:
+        ad.model(column_model(3, 5))
+    assert ei.value.code == "unsupported_construct"
+    assert "operator-split" in ei.value.message
+
+
+def test_bad_inputs_are_typed(case):
+    ns = case["u"].shape[0]
+    with pytest.raises(JacError) as ei:
+        ad.rhs(case["doc"], da.zeros((ns + 1, N)))
+    assert ei.value.code == "bad_argument"
+    with pytest.raises(JacError) as ei:
+        ad.rhs(case["doc"], da.zeros((ns, N), dtype=np.int64))
+    assert ei.value.code == "bad_argument"
+    with pytest.raises(JacError) as ei:
+        ad.rhs(case["doc"], da.zeros((ns, N)), forcing={"fj": da.zeros(N + 3)})
+    assert ei.value.code == "bad_argument"
+    with pytest.raises(JacError) as ei:
+        ad.rhs(case["doc"], da.zeros((ns, N)), forcing={"nope": da.zeros(N)})
+    assert ei.value.code == "bad_argument" and "fj" in ei.value.message
