@@ -248,3 +248,126 @@ def test_bad_inputs_are_typed(case):
     with pytest.raises(JacError) as ei:
         ad.rhs(case["doc"], da.zeros((ns, N)), forcing={"nope": da.zeros(N)})
     assert ei.value.code == "bad_argument" and "fj" in ei.value.message
+
+
+# ------------------------------------------------------------------ advance (the Rosenbrock leaf per chunk)
+
+NA = 24                          # cells integrated (the per-lane stand-in costs ~30 ms a cell)
+T_SPAN = (0.0, 600.0)
+RTOL = 1e-3
+
+
+def _one_process_advance(doc, u, fj, atol):
+    """The oracle: one process, every lane of the grid at once (the leaf), or
+    lane by lane with the lock-step integrator where the leaf is absent."""
+    from esmjac.runtime.programs import JacobianProgram, RhsProgram
+    ns = u.shape[0]
+    try:
+        from esmjac.adapters._leaf import rosenbrock as leaf
+    except ImportError:
+        leaf = None
+    if leaf is not None:
+        lf = leaf(doc, rtol=RTOL, atol=atol, threads=1)
+        y = np.ascontiguousarray(u.ravel())
+        st = lf.advance(y, T_SPAN[0], T_SPAN[1] - T_SPAN[0], forcing={"fj": fj})
+        return y.reshape(ns, -1), st.status.copy()
+    from esmjac.integrators.rosenbrock import rosenbrock
+    r, j = RhsProgram.build(doc), JacobianProgram.build(doc)
+    pl = j.plan(LaneSparseBlocks(), source=r)
+    out, status = u.copy(), np.zeros(u.shape[1], dtype=int)
+    for c in range(u.shape[1]):
+        ws, sc = j.new_workspace(1), r.new_buffers(1)
+        ws.set_lane_order([c], j.layout.cell_shape)
+        sc.cix = ws.cix
+        f = fj[c:c + 1].copy()
+        res = rosenbrock(lambda t, y, o: r.eval_into(y, r.p0, t, f, o, sc),
+                         lambda t, y, o: j.eval_into(pl, y, j.p0, t, f, o, ws),
+                         u[:, c].copy(), T_SPAN, n=ns, lanes=1, lu_pattern=[tuple(x) for x in pl.info["lu_pattern"]],
+                         perm=tuple(pl.info["ordering"]), rtol=RTOL, atol=atol)
+        out[:, c], status[c] = res.y, 0 if res.success else 2
+    return out, status
+
+
+@pytest.fixture(scope="module")
+def adv_case(case):
+    doc, _, _ = gridded_tropo12(NA)
+    u = np.ascontiguousarray(case["u"][:, :NA])
+    fj = case["fj"][:NA].copy()
+    atol = ad._default_atol(doc, None, case["species"])
+    y, status = _one_process_advance(doc, u, fj, atol)
+    assert not status.any()
+    return dict(doc=doc, u=u, fj=fj, atol=atol, y=y)
+
+
+@pytest.mark.parametrize("chunks", [NA, 8, (5, 11, 8)], ids=["one", "even", "ragged"])
+def test_advance_bitwise_on_two_processes(client, adv_case, chunks):
+    ns = adv_case["u"].shape[0]
+    U = da.from_array(adv_case["u"], chunks=(ns, chunks))
+    res = ad.advance(adv_case["doc"], U, T_SPAN, rtol=RTOL, forcing={"fj": da.from_array(adv_case["fj"],
+                                                                                        chunks=U.chunks[1])})
+    y, status, nsteps = client.compute([res.u, res.stats["status"], res.stats["nsteps"]], sync=True)
+    assert np.array_equal(y, adv_case["y"])
+    assert not status.any() and (nsteps > 0).all()
+    per = res.chunk_stats()
+    assert [c["stop"] - c["start"] for c in per] == list(U.chunks[1])
+    assert sum(c["steps"] for c in per) == int(nsteps.sum()) and all(not c["failures"] for c in per)
+
+
+def test_advance_xarray_in_and_out(client, adv_case):
+    ns = adv_case["u"].shape[0]
+    species = RhsProgram.build(adv_case["doc"]).layout.states
+    ds = xr.Dataset({s: (("x",), adv_case["u"][i]) for i, s in enumerate(species)},
+                    coords={"x": np.arange(NA) * 10.0})
+    ds["fj"] = ("x", adv_case["fj"])
+    res = ad.advance(adv_case["doc"], ds.chunk({"x": 9}), T_SPAN, rtol=RTOL)
+    assert isinstance(res.u, xr.Dataset) and isinstance(res.stats["nsteps"], xr.DataArray)
+    out = client.compute(res.u, sync=True)
+    got = np.stack([out[s].values for s in species])
+    assert got.shape == (ns, NA) and np.array_equal(got, adv_case["y"])
+
+
+def test_failing_cell_is_named_and_does_not_poison_its_chunk(client, adv_case):
+    ns = adv_case["u"].shape[0]
+    u = adv_case["u"].copy()
+    bad = 13
+    u[:, bad] = 1e200                                   # overflows: this cell cannot be integrated
+    U = da.from_array(u, chunks=(ns, 8))
+    res = ad.advance(adv_case["doc"], U, T_SPAN, rtol=RTOL, atol=adv_case["atol"],
+                     forcing={"fj": da.from_array(adv_case["fj"], chunks=8)})
+    y, status = client.compute([res.u, res.stats["status"]], sync=True)
+    assert np.flatnonzero(status) .tolist() == [bad]
+    ok = np.arange(NA) != bad
+    assert np.isfinite(y[:, ok]).all() and np.array_equal(y[:, ok], adv_case["y"][:, ok])
+    per = res.chunk_stats()
+    failures = [f for c in per for f in c["failures"]]
+    assert [f["cell"] for f in failures] == [bad] and failures[0]["index"] == (bad,)
+
+
+# ------------------------------------------------------------------ faults (keep last: it kills a worker)
+
+def test_killed_worker_loses_no_result(client, case):
+    import os
+    import signal
+    import time
+    ns = case["u"].shape[0]
+
+    def slow(block):                # keeps tasks running long enough to kill a worker under them
+        time.sleep(0.5)
+        return block
+
+    U = da.from_array(case["u"], chunks=(ns, 20)).map_blocks(slow, dtype=np.float64)
+    F = {"fj": da.from_array(case["fj"], chunks=20)}
+    fut = client.compute(ad.jacobian(case["doc"], U, forcing=F))
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        busy = [w for w, tasks in client.processing().items() if tasks]
+        victim = busy[0] if busy and fut.status == "pending" else None
+        time.sleep(0.05)
+    assert victim is not None, "no task ever ran"
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    os.kill(pid, signal.SIGKILL)
+    got = fut.result(timeout=180)
+    assert np.array_equal(got, case["ref"]["lanesparseblocks"])
+    # the nanny restarted it: the cluster is whole again
+    client.wait_for_workers(2, timeout=120)

@@ -49,7 +49,7 @@ import numpy as np
 from ..errors import JacError
 from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
 
-__all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose",
+__all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
            "SPECIES_DIM", "SLOT_DIM", "CELL_DIM"]
 
 #: Dimension names of the DataArray forms.
@@ -730,6 +730,193 @@ def _no_forcing(fn, at: int = 1):
         return fn(*args[:at], None, *args[at:], block_info=block_info)
     g.__name__ = fn.__name__
     return g
+
+
+# ---------------------------------------------------------------- advance
+
+#: Per-lane statistics rows appended below the new state by the advance task.
+STAT_ROWS = ("status", "nsteps", "naccept", "nreject", "t")
+
+
+def _default_atol(doc: dict, model_name, species) -> np.ndarray:
+    """The leaf's default absolute tolerance (``ATOL_FRACTION`` of each
+    species' largest default over the document's cells), from the document
+    itself so that every chunk and one process use the same values."""
+    fraction = 1e-6
+    try:
+        from ._leaf import ATOL_FRACTION as fraction      # the leaf's own constant, when present
+    except ImportError:
+        pass
+    models = doc.get("models") or {}
+    m = models.get(model_name.split(".")[0]) if model_name else next(iter(models.values()), {})
+    var = (m or {}).get("variables") or {}
+    scale = np.array([float(np.max(np.abs(np.asarray(var.get(s, {}).get("default", 0.0), dtype=np.float64)),
+                                  initial=0.0)) for s in species])
+    top = float(scale.max()) if scale.size else 1.0
+    top = top if top > 0 else 1.0
+    return fraction * np.maximum(scale, 1e-6 * top)
+
+
+class _PerLane:
+    """Stand-in for the per-lane Rosenbrock leaf where it is not installed:
+    today's lock-step integrator run one lane at a time (so that, as with the
+    leaf, a lane's trajectory depends on its own inputs only)."""
+
+    def __init__(self, b: _Built, p, method, rtol, atol, max_steps):
+        from ..layouts.types import LaneSparseBlocks
+        self.b, self.p, self.method = b, p, method
+        self.rtol, self.atol, self.max_steps = rtol, atol, max_steps
+        self.plan = b.plan(LaneSparseBlocks())
+        self.ws = b.jac.new_workspace(1)
+        self.sc = b.rhs.new_buffers(1)
+
+    def advance(self, u, t0, dt, forcing, cix):
+        from ..integrators.rosenbrock import rosenbrock as integrate
+        n = self.b.rhs.n_species
+        L = u.size // n
+        nf = 0 if forcing is None else forcing.size // L
+        info = self.plan.info
+        stats = np.zeros((len(STAT_ROWS), L))
+        ncd = cix.size // L
+        for l in range(L):
+            f = None if forcing is None else np.ascontiguousarray(forcing.reshape(nf, L)[:, l])
+            self.ws.cix = self.sc.cix = np.ascontiguousarray(cix.reshape(ncd, L)[:, l])
+            rhs, jac, plan, ws, sc, p = self.b.rhs, self.b.jac, self.plan, self.ws, self.sc, self.p
+
+            def fun(t, y, out):
+                rhs.eval_into(y, p, t, f, out, sc)
+
+            def jfun(t, y, out):
+                jac.eval_into(plan, y, p, t, f, out, ws)
+
+            try:
+                r = integrate(fun, jfun, np.ascontiguousarray(u.reshape(n, L)[:, l]), (t0, t0 + dt), n=n,
+                              lanes=1, lu_pattern=[tuple(x) for x in info["lu_pattern"]],
+                              perm=tuple(info["ordering"]), rtol=self.rtol, atol=self.atol,
+                              method=self.method, max_steps=self.max_steps)
+            except JacError:            # a non-finite Jacobian at this lane: it fails alone
+                stats[:, l] = (4, 0, 0, 0, t0)
+                continue
+            ok = r.success and np.all(np.isfinite(r.y))
+            if ok:
+                u.reshape(n, L)[:, l] = r.y
+            stats[:, l] = (0 if ok else (2 if r.nsteps >= self.max_steps else 4), r.nsteps, r.naccept,
+                           r.nreject, r.t if ok else t0)
+        return stats
+
+
+class _Leaf:
+    """The per-lane Rosenbrock leaf (``esmjac.adapters._leaf``) on one thread."""
+
+    def __init__(self, b: _Built, p, method, rtol, atol, max_steps):
+        from ._leaf import RosenbrockLeaf
+        from ..layouts.types import LaneSparseBlocks
+        self.leaf = RosenbrockLeaf(b.rhs, b.jac, b.plan(LaneSparseBlocks()), p, None, method=method,
+                                   rtol=rtol, atol=atol, step="lane", threads=1, compact=True,
+                                   clip_negative=False, max_steps=max_steps, max_rejects=50, h0=None)
+
+    def advance(self, u, t0, dt, forcing, cix):
+        st = self.leaf.advance(u, t0, dt, forcing=forcing)
+        return np.stack([st.status, st.nsteps, st.naccept, st.nreject, st.t]).astype(np.float64)
+
+
+def _integrator(spec, b, p, method, rtol, atol, max_steps, lanes):
+    key = ("leaf", p.tobytes(), method, rtol, atol.tobytes(), max_steps)
+
+    def make():
+        try:
+            return _Leaf(b, p, method, rtol, atol, max_steps)
+        except ImportError:
+            return _PerLane(b, p, method, rtol, atol, max_steps)
+    return _scratch(spec, key, lanes, make)
+
+
+def _advance_block(u, f, spec, p, t0, dt, method, rtol, atol, max_steps, threads, block_info=None):
+    b = _built(spec)
+    n, w = u.shape
+    y = np.array(u, dtype=np.float64, order="C").reshape(-1)
+    fz = None if f is None else np.array(f, dtype=np.float64, order="C").reshape(-1)
+    cix = _cix(spec, _start(block_info), w)
+    leaf = _integrator(spec, b, p, method, rtol, atol, max_steps, w)
+    with _Threads(threads):
+        stats = leaf.advance(y, t0, dt, fz, cix)
+    return np.concatenate([y.reshape(n, w), stats], axis=0)
+
+
+@dataclass
+class Advanced:
+    """Result of :func:`advance`: the new state (the input's kind) and per-cell
+    statistics (lazy, the same kind: dask arrays, or DataArrays over the
+    cell dimensions): ``status`` (0 ok, else the leaf's status code),
+    ``nsteps``, ``naccept``, ``nreject`` and ``t`` (the time each cell's
+    state belongs to). A failed cell keeps its last accepted state; the
+    other cells of its chunk are untouched by its failure."""
+
+    u: Any
+    stats: dict
+    chunks: tuple                    # cell chunk sizes
+    cell_shape: tuple
+    _raw: Any = field(default=None, repr=False)
+
+    def chunk_stats(self, compute=None) -> list:
+        """One dict per chunk: cells ``[start, stop)``, summed steps,
+        rejections, and the failing cells (flat index, grid index, status)."""
+        import dask
+        raw = self._raw[self._n:]
+        vals = (compute or dask.compute)(raw)[0]
+        out, a = [], 0
+        for w in self.chunks:
+            s = vals[:, a:a + w]
+            bad = np.flatnonzero(s[0] != 0)
+            out.append({"start": a, "stop": a + w, "steps": int(s[1].sum()), "max_steps": int(s[1].max()),
+                        "accepted": int(s[2].sum()), "rejected": int(s[3].sum()),
+                        "failures": [{"cell": int(a + i),
+                                      "index": tuple(int(x) for x in np.unravel_index(a + i, self.cell_shape)),
+                                      "status": int(s[0, i]), "t": float(s[4, i])} for i in bad]})
+            a += w
+        return out
+
+    _n: int = 0
+
+
+def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "rodas3", p=None,
+            forcing=None, model: str | None = None, max_steps: int = 100000,
+            threads: int | None = 1) -> Advanced:
+    """The native Rosenbrock leaf per chunk over ``t_span = (t0, t1)`` (the
+    operator-split chemistry step of a host model): every cell its own step
+    size, so a cell's result does not depend on the chunking. Float64
+    (``u`` is converted). ``atol``: None = the leaf's default from the
+    document's initial state, a number, or one value per species."""
+    m, inp, f, pv = _prepare(source, u, model, forcing, p)
+    try:
+        t0, t1 = (float(x) for x in t_span)
+    except (TypeError, ValueError):
+        raise JacError("bad_argument", f"t_span must be (t0, t1), got {t_span!r}") from None
+    if not (np.isfinite(t0) and np.isfinite(t1)) or t1 < t0:
+        raise JacError("bad_argument", f"t_span must be finite with t1 >= t0, got {(t0, t1)}")
+    if atol is None:
+        at = _default_atol(m.spec.document(), model, m.species)
+    else:
+        at = np.asarray(atol, dtype=np.float64)
+        at = np.full(m.n_species, float(at)) if at.ndim == 0 else at
+    if at.shape != (m.n_species,) or not np.all(at > 0) or not np.all(np.isfinite(at)):
+        raise JacError("bad_argument", f"atol must be positive: a number or {m.n_species} values")
+    rtol = float(rtol)
+    if not (rtol > 0 and np.isfinite(rtol)):
+        raise JacError("bad_argument", f"rtol must be positive, got {rtol}")
+    u64 = inp.u.astype(np.float64)
+    arrays = [u64] + ([f] if f is not None else [])
+    fn = _advance_block if f is not None else _no_forcing(_advance_block)
+    n = m.n_species
+    raw = _map(fn, n + len(STAT_ROWS), np.float64, arrays, _delayed_spec(m), pv, t0, t1 - t0, method,
+               rtol, at, int(max_steps), threads)
+    unew = _out_states(inp, raw[:n], m)
+    stats = {k: raw[n + i] for i, k in enumerate(STAT_ROWS)}
+    if inp.kind != "dask":
+        stats = {k: _out_rows(inp, v[None, :], "_one", [0]).isel(_one=0, drop=True) for k, v in stats.items()}
+    res = Advanced(unew, stats, tuple(u64.chunks[1]), tuple(m.spec.cell_shape), raw)
+    res._n = n
+    return res
 
 
 # ---------------------------------------------------------------- plugin
