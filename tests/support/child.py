@@ -17,8 +17,9 @@ _PRELUDE = "import json, sys, warnings\nwarnings.simplefilter('ignore')\n"
 def start_child(code: str, cache: str | os.PathLike, env: dict | None = None) -> subprocess.Popen:
     """Start ``code`` in a child with ``ESMJAC_CACHE_DIR=cache``; the child
     reports by printing one JSON line prefixed ``RESULT``."""
+    from .paths import ROOT
     e = dict(os.environ, ESMJAC_CACHE_DIR=str(cache), **(env or {}))
-    return subprocess.Popen([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], env=e,
+    return subprocess.Popen([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], env=e, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

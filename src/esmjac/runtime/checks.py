@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
-
 import numpy as np
 
 from ..errors import JacError
+from ..limits import set_workspace_limit, workspace_limit
 
 __all__ = ["vector", "time", "params", "disjoint", "workspace", "lanes", "workspace_limit",
            "set_workspace_limit", "report_nonfinite"]
 
 DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
-_LIMIT: list = []
 
 
 def _refuse(msg: str) -> JacError:
@@ -161,32 +159,6 @@ def workspace(ws, owner: str, what: str, n_hoist: int, cell_shape: tuple | None)
         if m.min(initial=1) < 1 or np.any(m > hi):
             raise _refuse(f"the {what}'s lane map holds cell indices outside {tuple(cell_shape)}")
     ws._verified = (h, cix, L, cix.shape[0])
-
-
-def workspace_limit() -> int:
-    """Bytes a workspace may need before :func:`lanes` refuses it."""
-    if _LIMIT:
-        return _LIMIT[0]
-    env = os.environ.get("ESMJAC_WORKSPACE_LIMIT")
-    if env:
-        try:
-            return int(float(env))
-        except ValueError:
-            raise JacError("bad_option", f"ESMJAC_WORKSPACE_LIMIT={env!r} is not a number of bytes") from None
-    try:
-        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        phys = 16 << 30
-    return phys // 4
-
-
-def set_workspace_limit(nbytes: int | None) -> None:
-    """Override the workspace size limit for this process (None: default)."""
-    _LIMIT.clear()
-    if nbytes is not None:
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 1:
-            raise JacError("bad_option", "the workspace limit must be a positive number of bytes")
-        _LIMIT.append(int(nbytes))
 
 
 def lanes(n, bytes_per_lane: int, what: str = "workspace") -> int:

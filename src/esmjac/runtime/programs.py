@@ -27,7 +27,7 @@ from ..model.deep import run_deep
 from ..calculus.bandset import BandSet, check_options
 from ..compile import content_hash, generate, load_source
 from ..compile.cache import cache_dir
-from ..errors import JacError
+from ..errors import JacError, typed_errors
 from . import checks as _checks
 from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
 from ..model.load import SystemView, load_view
@@ -338,6 +338,7 @@ class RhsProgram(_Base):
     build_seconds: float = 0.0
 
     @classmethod
+    @typed_errors
     def build(cls, source: Any, model: str | None = None, *, options: dict | None = None) -> "RhsProgram":
         opts = check_options(options, PROGRAM_OPTIONS)
         _backend(opts)
@@ -515,6 +516,7 @@ class JacobianProgram(_Base):
     build_seconds: float = 0.0
 
     @classmethod
+    @typed_errors
     def build(cls, source: Any, model: str | None = None, wrt: str = "states",
               options: dict | None = None) -> "JacobianProgram":
         opts = check_options(options, PROGRAM_OPTIONS)
