@@ -43,7 +43,7 @@ PROGRAM_OPTIONS = {
     "engine": "auto",         # "codegen" | "tape" | "auto" (tape for large cell programs)
     "tape_above": 1500,       # auto: statements above which a cell program is taped
     "cache": True,            # reuse whole build products from the on-disk cache
-    "progress": False,        # print build stages to stderr
+    "progress": None,         # build stages: None = a bar on a terminal (runtime.progress), True, False
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -100,10 +100,9 @@ def _source_key(source: Any, model, extra: str) -> str | None:
     return hashlib.sha256(data + f"\0{model}\0{extra}".encode()).hexdigest()
 
 
-def _stage(opts, msg: str, t0: float) -> None:
-    if opts.get("progress"):
-        import sys
-        print(f"[esmjac] {msg} ({time.perf_counter() - t0:.2f} s)", file=sys.stderr, flush=True)
+def _stage(opts, msg: str, t0: float, kind: str = "jac") -> None:
+    from .progress import stage
+    stage(opts, kind, msg, t0)
 
 
 def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
@@ -351,9 +350,10 @@ class RhsProgram(_Base):
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
             lay = model_layout(view)
             doc = rhs_doc(view, lay)
-            _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0)
+            _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
             kern = _compile(doc, opts)
-            _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
+            _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements",
+                   t0, "rhs")
             u0, p0, f0 = _defaults(view, lay)
             return cls(doc, lay, doc.kind, tuple(element_names(view, list(lay.states))),
                        lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
@@ -361,6 +361,8 @@ class RhsProgram(_Base):
 
         prog = _build_doc_cached("rhs", source, model, None, opts, make)
         prog._warm(prog.u_size(1))
+        from .progress import done
+        done(opts, "rhs", t0)
         object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
         return prog
 
@@ -499,7 +501,7 @@ class JacobianProgram(_Base):
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
             kern = _compile(doc, opts)
-            _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
+            _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
             cvars, cbase, ncols = _colspace(lay, wrt)
             meta = _field_meta(doc, lay, cvars, cbase)
             u0, p0, f0 = _defaults(view, lay)
@@ -510,6 +512,8 @@ class JacobianProgram(_Base):
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
         prog._warm(prog.slab_size(1))
+        from .progress import done
+        done(opts, "jac", t0)
         object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
         return prog
 
