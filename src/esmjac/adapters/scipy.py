@@ -234,6 +234,8 @@ class IvpProblem:
         """The Jacobian's values in CSR order of ``plan`` (a new array)."""
         st = self._st
         data = np.empty(st["nnz"])
+        if st["run_csr"] is None:           # BDF/Radau use the Csc plan; CSR only on request
+            st["run_csr"] = self.jacobian.bind(self.plan, st["ws"], keep_point=False)
         _with_threads(st["threads"], st["run_csr"], np.ascontiguousarray(y, dtype=np.float64),
                       self.p, t, self.forcing, data)
         return data
@@ -329,7 +331,8 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     lband = uband = None
     ws = j.new_workspace(keep_slab=False)
     st: dict = {"nfev": 0, "njev": 0, "ws": ws, "threads": _thread_count(threads, n),
-                "nnz": plan.out_size(ws.lanes), "run_f": r.bind(), "run_csr": j.bind(plan, ws)}
+                "nnz": plan.out_size(ws.lanes), "run_f": r.bind(),
+                "run_csr": j.bind(plan, ws, keep_point=False) if method == "LSODA" else None}
     if banded:
         lband, uband = _bandwidths(rows, cols)
         if max(lband, uband) > n / 2:
@@ -344,12 +347,31 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     from ..layouts.types import Csc
     csc = j.plan(Csc(), source=r)
     if METHODS[method] and method != "LSODA":
-        st["run_csc"] = j.bind(csc, ws)
+        st["run_csc"] = j.bind(csc, ws, keep_point=False)
     ip, ix, _ = csc.sparse_index(ws.lanes)
     st["csc_indptr"], st["csc_indices"] = _ro_index(ip), _ro_index(ix)
     pattern = csc_matrix((np.ones(ix.size), st["csc_indices"], st["csc_indptr"]), shape=(n, n))
-    return IvpProblem(r, j, plan, yv, r.names, pv, fv, method, bool(banded), lband, uband,
+    prob = IvpProblem(r, j, plan, yv, r.names, pv, fv, method, bool(banded), lband, uband,
                       pattern, st)
+    _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)
+    prob.reset_counters()
+    return prob
+
+
+def _warm_calls(fun, jac, y0) -> None:
+    """Call ``fun`` (and ``jac``) once at ``y0`` with the thread count the
+    solve will use, so that every kernel and dispatch path a solve takes --
+    serial or parallel twins, scatter plans, the non-finite scan -- is
+    compiled (or loaded from Numba's cache) during the build and the first
+    timed call is a warm one. A point the model cannot be evaluated at is
+    the solve's business, not the build's."""
+    try:
+        fun(0.0, y0)
+        if jac is not None:
+            jac(0.0, y0)
+    except JacError as exc:
+        if exc.code != "evaluation_error":
+            raise
 
 
 def _ro_index(a: np.ndarray) -> np.ndarray:

@@ -135,7 +135,15 @@ def _resolve_shape(shape, sizes: dict, name: str) -> tuple:
 
 
 def load_view(source: Any, model: str | None = None) -> SystemView:
-    """Load ``source`` and view the model to differentiate (see module doc)."""
+    """Load ``source`` and view the model to differentiate (see module doc);
+    malformed models are refused by :func:`esmjac.model.validate.validate_view`."""
+    from .validate import validate_view
+    view = _load_view(source, model)
+    validate_view(view)
+    return view
+
+
+def _load_view(source: Any, model: str | None = None) -> SystemView:
     from earthsci_ast.flatten import FlattenedSystem
 
     f = load_file(source)
@@ -146,11 +154,14 @@ def load_view(source: Any, model: str | None = None) -> SystemView:
     if model is not None:
         if model in models:
             return _model_view(f, model)
-        if coupled:
-            flat = _flatten(f)
-            return _flat_view(flat)
+        systems = dict(getattr(f, "reaction_systems", None) or {})
+        if coupled and model in systems:
+            # A coupled document is differentiated as one flattened system;
+            # naming one of its reaction systems selects that document.
+            return _flat_view(_flatten(f))
+        known = sorted(models) + sorted(systems)
         raise JacError("model_not_found",
-                       f"model `{model}` is not in the document (it has: {', '.join(sorted(models)) or 'none'})")
+                       f"model `{model}` is not in the document (it has: {', '.join(known) or 'none'})")
     if coupled:
         return _flat_view(_flatten(f))
     if len(models) == 1:

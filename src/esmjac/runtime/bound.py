@@ -61,10 +61,8 @@ def serial_twin(fn):
 
 def _refuse(name: str, x, n: int, dtype) -> None:
     """The typed error for an argument that failed the cheap checks."""
-    from .programs import _check_vec
-    _check_vec(name, x, n, dtype)
-    if not x.flags.writeable and name == "out":
-        raise JacError("bad_argument", "`out` is read-only")
+    from . import checks
+    checks.vector(name, x, n, dtype, out=name == "out")
     raise JacError("bad_argument", f"`{name}` does not fit this binding")   # pragma: no cover
 
 
@@ -72,7 +70,7 @@ class _Bound:
     """Shared argument checks of bound calls (see module docstring)."""
 
     __slots__ = ("prog", "lanes", "dtype", "n_u", "n_out", "n_p", "n_f", "serial",
-                 "_pv", "_p_src", "_f_none", "_body", "_scan")
+                 "_pv", "_p_src", "_f_none", "_body", "_scan", "_seen")
 
     def _setup(self, prog, lanes: int, dtype, n_out: int) -> None:
         self.prog = prog
@@ -87,6 +85,7 @@ class _Bound:
         self.serial = self.n_u < SERIAL_BELOW
         self._pv = None
         self._p_src = None
+        self._seen = ()
         if self.n_f == 0:
             self._f_none = np.zeros(1, dtype=self.dtype)
         else:
@@ -102,12 +101,33 @@ class _Bound:
 
     def _params(self, p) -> np.ndarray:
         if p is self._p_src and p is not None:
-            return self._pv            # the same float64 array: read in place
-        from .programs import _params
-        pv = _params(p, self.n_p)
-        if pv is p:                     # cache only arrays read in place (lists may mutate)
-            self._p_src, self._pv = p, pv
+            return p                    # the same float64 array, checked before: read in place
+        from . import checks
+        pv = checks.params(p, self.n_p)
+        if p.__class__ is np.ndarray and p.dtype == np.float64 and p.flags.c_contiguous:
+            self._p_src = p             # arrays only (a list may change under the same identity)
+            return p
         return pv
+
+    @staticmethod
+    def _time(t) -> float:
+        # finite floats and NaN pass without a call; anything else is checked
+        if t.__class__ is float and (t - t == 0.0 or t != t):
+            return t
+        from . import checks
+        return checks.time(t)
+
+    def _disjoint(self, out, ins: tuple) -> None:
+        """Aliasing refused (checks.disjoint), re-checked only when an array
+        differs from the last call's (the same arrays cannot start to overlap)."""
+        key = (out,) + ins
+        seen = self._seen
+        if len(seen) == len(key) and all(a is b for a, b in zip(seen, key)):
+            return
+        from . import checks
+        names = ("u", "p", "forcing", "workspace h", "workspace lane map")
+        checks.disjoint({"out": out}, {n: x for n, x in zip(names, ins)})
+        self._seen = key
 
     def _force(self, forcing):
         if forcing is None:
@@ -125,9 +145,9 @@ class BoundJacobian(_Bound):
     """``run(u, p, t, forcing, out)``: ``eval_into`` with everything but the
     numbers decided at binding time (``JacobianProgram.bind``)."""
 
-    __slots__ = ("plan", "ws", "direct", "_slab", "_h", "_cix")
+    __slots__ = ("plan", "ws", "direct", "keep_point", "_slab", "_h", "_cix", "_pt")
 
-    def __init__(self, prog, plan, ws, dtype=np.float64, warm: bool = True):
+    def __init__(self, prog, plan, ws, dtype=np.float64, warm: bool = True, keep_point: bool = True):
         prog._check_plan(plan)
         prog._check_ws(ws)
         plan.check_lanes(ws.lanes)
@@ -138,6 +158,10 @@ class BoundJacobian(_Bound):
         self._h = ws.h
         self._cix = ws.cix
         self._slab = None if self.direct else ws.slab(self.dtype, prog.slab_size(L))
+        # contract() reads the point of the last call: a copy (preallocated)
+        self.keep_point = bool(keep_point)
+        self._pt = (np.empty(self.n_u, dtype=self.dtype), np.empty(self.n_p),
+                    np.empty(self.n_f if self.n_f else 1, dtype=self.dtype)) if keep_point else None
         self._body = self._make_body()
         if warm:
             self._warm()
@@ -217,20 +241,27 @@ class BoundJacobian(_Bound):
         self._vec("out", out, self.n_out)
         if not out.flags.writeable:
             raise JacError("bad_argument", "`out` is read-only")
+        t = self._time(t)
         pv = self._params(p)
         f = self._force(forcing)
-        t = float(t)
+        self._disjoint(out, (u, pv, f, self._h, self._cix))
         self._body(u, pv, t, f, out)
         ws = self.ws
         ws.last_dtype = None if self.direct else self.dtype
         ws.last_plan = self.plan.fingerprint
         sec = ws.second
-        if sec:
-            sec.pop("state", None)
-        sec["point"] = (u, pv, t, f)
+        sec.pop("state", None)
+        if self.keep_point:
+            pu, pp, pf = self._pt
+            np.copyto(pu, u)
+            np.copyto(pp, pv)
+            np.copyto(pf, f)
+            sec["point"] = (pu, pp, t, pf)
+        else:
+            sec.pop("point", None)
         if self._scan(out):
-            from .programs import _report_nonfinite
-            _report_nonfinite(out, (u, pv, f), "Jacobian")
+            from . import checks
+            checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
 
 
@@ -314,6 +345,10 @@ class BoundRhs(_Bound):
         if int(lanes) < 1:
             raise JacError("bad_argument", "lanes must be >= 1")
         self._setup(prog, lanes, prog.dtype if dtype is None else dtype, prog.u_size(int(lanes)))
+        if scratch is not None:
+            from . import checks
+            checks.workspace(scratch, prog._owner, "scratch", prog.kernel.n_hoist,
+                             prog.layout.cell_shape if prog.kind == "cell" else None)
         sc = scratch if scratch is not None else prog.new_buffers(self.lanes)
         self._h, self._cix = sc.h, sc.cix
         self.zero_first = prog.kind == "global"
@@ -338,9 +373,14 @@ class BoundRhs(_Bound):
         self._vec("out", out, self.n_u)
         if not out.flags.writeable:
             raise JacError("bad_argument", "`out` is read-only")
+        t = self._time(t)
         pv = self._params(p)
         f = self._force(forcing)
+        self._disjoint(out, (u, pv, f, self._h, self._cix))
         if self.zero_first:
             out[:] = 0
-        self._body(u, pv, float(t), f, out)
+        self._body(u, pv, t, f, out)
+        if self._scan(out):
+            from . import checks
+            checks.report_nonfinite(out, (u, pv, f), t, "right-hand side")
         return out
