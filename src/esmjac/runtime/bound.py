@@ -59,6 +59,37 @@ def serial_twin(fn):
     return tw
 
 
+_DRIVERS: dict = {}
+
+
+def serial_driver(mod, calls: tuple):
+    """One compiled entry for a small call: ``drive(u, f, p, t, h, cix,
+    out, L) -> number of non-finite outputs`` runs the prologue, the serial
+    chunks ``calls`` (``(name, "cell" | "global")``) of the generated module
+    ``mod`` and the non-finite scan in one native call: each Numba dispatch
+    from Python costs about a microsecond, as much as a one-cell kernel.
+    Generated next to the kernels by content hash (the module name is that
+    hash), so it never outlives the kernels it calls."""
+    key = (mod.__name__, calls)
+    d = _DRIVERS.get(key)
+    if d is None:
+        from ..compile.cache import load_source
+        lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
+                 "import sys as _sys", "import numba as nb", "import numpy as np",
+                 f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
+        body = ["    prologue(p, t, h)"]
+        for i, (name, kind) in enumerate(calls):
+            lines.append(f"c{i} = _k.{name}")
+            body.append(f"    c{i}(u, f, h, cix, out, L)" if kind == "cell" else f"    c{i}(u, f, h, out)")
+        src = "\n".join(lines + ["", "", "@nb.njit(cache=True, nogil=True, error_model='numpy')",
+                                 "def drive(u, f, p, t, h, cix, out, L):", *body,
+                                 "    n = 0", "    for i in range(out.shape[0]):",
+                                 "        if not np.isfinite(out[i]):", "            n += 1",
+                                 "    return n", ""])
+        d = _DRIVERS[key] = load_source(src).drive
+    return d
+
+
 def _refuse(name: str, x, n: int, dtype) -> None:
     """The typed error for an argument that failed the cheap checks."""
     from . import checks
@@ -70,7 +101,7 @@ class _Bound:
     """Shared argument checks of bound calls (see module docstring)."""
 
     __slots__ = ("prog", "lanes", "dtype", "n_u", "n_out", "n_p", "n_f", "serial",
-                 "_pv", "_p_src", "_f_none", "_body", "_scan", "_seen")
+                 "_pv", "_p_src", "_f_none", "_body", "_scan", "_seen", "_ush", "_osh", "_ust", "_fsh")
 
     def _setup(self, prog, lanes: int, dtype, n_out: int) -> None:
         self.prog = prog
@@ -86,6 +117,8 @@ class _Bound:
         self._pv = None
         self._p_src = None
         self._seen = ()
+        self._ush, self._osh, self._fsh = (self.n_u,), (self.n_out,), (self.n_f,)
+        self._ust = (self.dtype.itemsize,)
         if self.n_f == 0:
             self._f_none = np.zeros(1, dtype=self.dtype)
         else:
@@ -93,6 +126,45 @@ class _Bound:
             self._f_none = None if f0 is None else np.ascontiguousarray(f0, dtype=self.dtype)
         from . import kernels as K
         self._scan = serial_twin(K.count_nonfinite) if self.serial else K.count_nonfinite
+
+    def _args(self, u, p, t, forcing, out) -> tuple:
+        """``(p, t, forcing)`` ready for the kernels, or a typed error.
+
+        The common case costs attribute reads and identity comparisons:
+        plain ndarrays of the bound shape and dtype (``dtype is`` the bound
+        one: NumPy's native float dtypes are singletons; anything else takes
+        the full check), the parameter array of the previous call, a float
+        ``t``, the arrays of the previous call (aliasing already checked)."""
+        dt = self.dtype
+        sn = self._seen
+        if sn and sn[0] is out and sn[1] is u:
+            # the arrays of the last call: their kind, contiguity and
+            # aliasing were checked then; shape and dtype are re-read
+            if u.shape != self._ush or out.shape != self._osh or u.dtype is not dt or out.dtype is not dt:
+                self._vec("u", u, self.n_u)
+                self._vec("out", out, self.n_out)
+        elif u.__class__ is not np.ndarray or out.__class__ is not np.ndarray or u.dtype is not dt \
+                or out.dtype is not dt or u.shape != self._ush or out.shape != self._osh \
+                or u.strides != self._ust or out.strides != self._ust:
+            self._vec("u", u, self.n_u)
+            self._vec("out", out, self.n_out)
+        if not out.flags.writeable:
+            raise JacError("bad_argument", "`out` is read-only; pass a writable array")
+        if t.__class__ is not float or not (t - t == 0.0 or t != t):
+            from . import checks
+            t = checks.time(t)
+        pv = p if (p is self._p_src and p is not None) else self._params(p)
+        if forcing is None:
+            f = self._f_none
+            if f is None:
+                raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
+        elif sn and forcing is sn[3] and forcing.shape == self._fsh and forcing.dtype is dt:
+            f = forcing
+        else:
+            f = self._force(forcing)
+        if not (sn and sn[0] is out and sn[1] is u and sn[2] is pv and sn[3] is f):
+            self._disjoint(out, (u, pv, f, self._h, self._cix))
+        return pv, t, f
 
     def _vec(self, name: str, x, n: int) -> None:
         if x.__class__ is not np.ndarray or x.shape != (n,) or x.dtype != self.dtype \
@@ -108,14 +180,6 @@ class _Bound:
             self._p_src = p             # arrays only (a list may change under the same identity)
             return p
         return pv
-
-    @staticmethod
-    def _time(t) -> float:
-        # finite floats and NaN pass without a call; anything else is checked
-        if t.__class__ is float and (t - t == 0.0 or t != t):
-            return t
-        from . import checks
-        return checks.time(t)
 
     def _disjoint(self, out, ins: tuple) -> None:
         """Aliasing refused (checks.disjoint), re-checked only when an array
@@ -145,9 +209,9 @@ class BoundJacobian(_Bound):
     """``run(u, p, t, forcing, out)``: ``eval_into`` with everything but the
     numbers decided at binding time (``JacobianProgram.bind``)."""
 
-    __slots__ = ("plan", "ws", "direct", "keep_point", "_slab", "_h", "_cix", "_pt")
+    __slots__ = ("plan", "ws", "direct", "keep_point", "_slab", "_h", "_cix", "_pt", "_last_dtype", "_fp")
 
-    def __init__(self, prog, plan, ws, dtype=np.float64, warm: bool = True, keep_point: bool = True):
+    def __init__(self, prog, plan, ws, dtype=np.float64, warm: bool = True, keep_point: bool = False):
         prog._check_plan(plan)
         prog._check_ws(ws)
         plan.check_lanes(ws.lanes)
@@ -162,6 +226,8 @@ class BoundJacobian(_Bound):
         self.keep_point = bool(keep_point)
         self._pt = (np.empty(self.n_u, dtype=self.dtype), np.empty(self.n_p),
                     np.empty(self.n_f if self.n_f else 1, dtype=self.dtype)) if keep_point else None
+        self._last_dtype = None if self.direct else self.dtype
+        self._fp = plan.fingerprint
         self._body = self._make_body()
         if warm:
             self._warm()
@@ -177,6 +243,12 @@ class BoundJacobian(_Bound):
             pro = mod.prologue
             fns = tuple(getattr(mod, ("sfl" if serial else "fl") + n) for n in fk.chunks)
             h, cix = self._h, self._cix
+            if serial:
+                drive = serial_driver(mod, tuple(("sfl" + n, "cell") for n in fk.chunks))
+
+                def body(u, p, t, f, out):
+                    return drive(u, f, p, t, h, cix, out, L)
+                return body
 
             def body(u, p, t, f, out):
                 pro(p, t, h)
@@ -237,29 +309,24 @@ class BoundJacobian(_Bound):
         self._scan(out)
 
     def __call__(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray) -> np.ndarray:
-        self._vec("u", u, self.n_u)
-        self._vec("out", out, self.n_out)
-        if not out.flags.writeable:
-            raise JacError("bad_argument", "`out` is read-only")
-        t = self._time(t)
-        pv = self._params(p)
-        f = self._force(forcing)
-        self._disjoint(out, (u, pv, f, self._h, self._cix))
-        self._body(u, pv, t, f, out)
+        pv, t, f = self._args(u, p, t, forcing, out)
+        bad = self._body(u, pv, t, f, out)     # a serial driver counts non-finite values itself
         ws = self.ws
-        ws.last_dtype = None if self.direct else self.dtype
-        ws.last_plan = self.plan.fingerprint
+        ws.last_dtype = self._last_dtype
+        ws.last_plan = self._fp
         sec = ws.second
-        sec.pop("state", None)
+        if sec:
+            sec.pop("state", None)
+            sec.pop("point", None)
         if self.keep_point:
             pu, pp, pf = self._pt
             np.copyto(pu, u)
             np.copyto(pp, pv)
             np.copyto(pf, f)
             sec["point"] = (pu, pp, t, pf)
-        else:
-            sec.pop("point", None)
-        if self._scan(out):
+        if bad is None:
+            bad = self._scan(out)
+        if bad:
             from . import checks
             checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
@@ -303,6 +370,13 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
     mod = kern.module()
     pro = mod.prologue
     pre = "s" if serial else ""
+    if serial:
+        drive = serial_driver(mod, tuple(("s" + n, "cell" if k == "cell" else "global")
+                                         for n, k in zip(kern.chunks, kern.chunk_kinds)))
+
+        def run(u, p, t, f, out):
+            return drive(u, f, p, t, h, cix, out, L)
+        return run
     cell = tuple(getattr(mod, pre + n) for n, k in zip(kern.chunks, kern.chunk_kinds) if k == "cell")
     glob = tuple(getattr(mod, pre + n) for n, k in zip(kern.chunks, kern.chunk_kinds) if k != "cell")
     if cell and glob:
@@ -369,18 +443,13 @@ class BoundRhs(_Bound):
                 self._h[:] = h
 
     def __call__(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray) -> np.ndarray:
-        self._vec("u", u, self.n_u)
-        self._vec("out", out, self.n_u)
-        if not out.flags.writeable:
-            raise JacError("bad_argument", "`out` is read-only")
-        t = self._time(t)
-        pv = self._params(p)
-        f = self._force(forcing)
-        self._disjoint(out, (u, pv, f, self._h, self._cix))
+        pv, t, f = self._args(u, p, t, forcing, out)
         if self.zero_first:
             out[:] = 0
-        self._body(u, pv, t, f, out)
-        if self._scan(out):
+        bad = self._body(u, pv, t, f, out)
+        if bad is None:
+            bad = self._scan(out)
+        if bad:
             from . import checks
             checks.report_nonfinite(out, (u, pv, f), t, "right-hand side")
         return out

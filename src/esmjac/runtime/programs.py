@@ -711,14 +711,15 @@ class JacobianProgram(_Base):
         if plan.fingerprint != self.fingerprint:
             raise JacError("foreign_layout", "this plan was built for another JacobianProgram")
 
-    def bind(self, plan, ws: JacWorkspace, dtype=np.float64, *, keep_point: bool = True):
+    def bind(self, plan, ws: JacWorkspace, dtype=np.float64, *, keep_point: bool = False):
         """A bound call ``run(u, p, t, forcing, out)`` of ``eval_into`` for
         ``plan``, ``ws`` and ``dtype``: plan, workspace, lanes, sizes and
         dtype checked once, every kernel the calls need compiled now (the
         first call is warm), per call only attribute checks of the
-        arguments (see ``runtime.bound``). ``keep_point=False`` skips the
-        copy of the point ``contract`` reads (callers that never contract on
-        ``ws``, such as the adapters)."""
+        arguments (see ``runtime.bound``). ``contract`` reads the point of
+        the last call on ``ws`` only with ``keep_point=True`` (a copy per
+        call into buffers of the binding); by default a bound call leaves no
+        point, and ``contract`` asks for an ``eval_into`` first."""
         from .bound import BoundJacobian
         return BoundJacobian(self, plan, ws, dtype, keep_point=keep_point)
 
