@@ -50,7 +50,7 @@ from ..errors import JacError
 from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
 
 __all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
-           "SPECIES_DIM", "SLOT_DIM", "CELL_DIM"]
+           "held_bytes", "SPECIES_DIM", "SLOT_DIM", "CELL_DIM"]
 
 #: Dimension names of the DataArray forms.
 SPECIES_DIM = "species"
@@ -170,6 +170,7 @@ _BUILT: dict = {}
 BUILDS: Counter = Counter()
 _TLS = threading.local()
 _WS_PER_THREAD = 8
+_CACHES: list = []            # every thread's scratch cache (for held_bytes)
 
 
 def _built(spec: _Spec) -> _Built:
@@ -199,6 +200,8 @@ def _scratch(spec: _Spec, what: str, lanes: int, make):
     cache = getattr(_TLS, "ws", None)
     if cache is None:
         cache = _TLS.ws = OrderedDict()
+        with _BUILD_LOCK:
+            _CACHES.append(cache)
     key = (spec.key, what, lanes)
     s = cache.get(key)
     if s is None:
@@ -209,6 +212,45 @@ def _scratch(spec: _Spec, what: str, lanes: int, make):
     else:
         cache.move_to_end(key)
     return s
+
+
+_BUILD_PRODUCTS = ("_Built", "RhsProgram", "JacobianProgram", "ScatterPlan", "SparseLaneLU")
+
+
+def held_bytes() -> dict:
+    """Bytes of scratch this process holds, by lane count: every worker
+    thread's workspaces, buffers and integrator scratch (NumPy arrays reached
+    from them, each counted once). For the scale benchmark's bytes per lane;
+    run it on the workers with ``client.run(held_bytes)``."""
+    seen: set = set()
+    out: Counter = Counter()
+
+    def walk(x, depth, lanes):
+        if isinstance(x, np.ndarray):
+            base = x if x.base is None else x.base
+            if id(base) not in seen and isinstance(base, np.ndarray):
+                seen.add(id(base))
+                out[lanes] += base.nbytes
+            return
+        if depth > 5 or isinstance(x, (str, bytes, int, float, type(None))):
+            return
+        if isinstance(x, dict):
+            for v in x.values():
+                walk(v, depth + 1, lanes)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, depth + 1, lanes)
+        elif hasattr(x, "__dict__") and not isinstance(x, type) and type(x).__module__.startswith("esmjac") \
+                and type(x).__name__ not in _BUILD_PRODUCTS:
+            for v in vars(x).values():
+                walk(v, depth + 1, lanes)
+
+    with _BUILD_LOCK:
+        caches = list(_CACHES)
+    for cache in caches:
+        for (key, role, lanes), obj in list(cache.items()):
+            walk(obj, 0, lanes)
+    return dict(out)
 
 
 class _Threads:

@@ -1,0 +1,318 @@
+"""Scale-out benchmark for the Dask adapter (DESIGN §11, issue #13).
+
+    python benchmarks/scale.py [--quick] [--json benchmarks/scale.json] [--op jacobian|advance]
+
+Measures, on this machine:
+
+* ``kernel``   CPU time per cell of one chunk (``time.thread_time``, one
+  thread, interleaved rounds, values verified against one process first):
+  RHS, Jacobian (LaneSparseBlocks) and ``J·v`` for tropo12 (15 species), and
+  the 20-minute chemistry step (``advance``) per cell;
+* ``overhead`` per-task overhead against chunk size on a LocalCluster of two
+  worker processes: (2 · wall − Σ kernel CPU) / tasks;
+* ``scaling``  strong (fixed 10⁶ cells) and weak (5·10⁵ cells per worker)
+  scaling for 1 and 2 worker processes, tasks of ≥ 100 ms; efficiency =
+  T₁ / (k · T_k) (strong) or T₁ / T_k (weak), best of 3 interleaved rounds;
+* ``bytes``    bytes per lane a worker holds: task inputs and outputs (u,
+  forcing, layout or new state + statistics) and its scratch (workspaces,
+  buffers, integrator scratch, from ``held_bytes()`` on the worker);
+* ``m300``     the per-cell cost of a 300-species synthetic mechanism
+  (``synthetic_mechanism(300, 800, cells)``): build time, Jacobian slots per
+  cell, RHS / Jacobian / advance CPU time per cell on a few hundred cells.
+
+The load average is recorded before and after every section: this machine
+has 2 cores shared with other users, so wall-clock scaling is a lower bound.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+
+def _load() -> list:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cpu_per_call(fns: dict, rounds: int = 5, inner: int = 3) -> dict:
+    """Best-of-rounds thread CPU seconds per call, the routes interleaved."""
+    best = {k: float("inf") for k in fns}
+    for f in fns.values():
+        f()
+    for _ in range(rounds):
+        for k, f in fns.items():
+            t0 = time.thread_time()
+            for _ in range(inner):
+                f()
+            best[k] = min(best[k], (time.thread_time() - t0) / inner)
+    return best
+
+
+# ---------------------------------------------------------------- in-process costs
+
+def _tropo(cells: int, seed: int = 0):
+    from esmjac.models.gridded import gridded_tropo12
+    from esmjac.runtime.programs import RhsProgram
+    doc, _, _ = gridded_tropo12(cells)
+    r = RhsProgram.build(doc)
+    rng = np.random.default_rng(seed)
+    u = (r.u0 * rng.uniform(0.5, 1.5, r.u0.size)).reshape(r.n_species, cells)
+    fj = rng.uniform(0.2, 1.0, cells)
+    return doc, u, fj
+
+
+def _chunk_costs(doc, u, fj, with_advance: bool, dt: float) -> dict:
+    """CPU seconds per cell of one chunk through the adapter's own block
+    tasks (the code a worker runs), verified against one process."""
+    from esmjac.adapters import dask as ad
+    from esmjac.layouts.types import LaneSparseBlocks
+    m = ad.model(doc, cells=u.shape[1])
+    spec, w = m.spec, u.shape[1]
+    bi = {None: {"array-location": [(0, u.shape[0]), (0, w)]}}
+    f = fj.reshape(1, -1)
+    v = np.ones_like(u)
+    lay = LaneSparseBlocks()
+    fns = {
+        "rhs": lambda: ad._rhs_block(u, f, spec, m.p0, 0.0, 1, block_info=bi),
+        "jacobian": lambda: ad._jac_block(u, f, spec, lay, m.p0, 0.0, 1, block_info=bi),
+        "apply": lambda: ad._apply_block(u, v, f, spec, m.p0, 0.0, 1, False, block_info=bi),
+    }
+    atol = ad._default_atol(spec.document(), None, m.species)
+    # the advance on its own (smaller) block when the per-lane stand-in runs it
+    wa = w if with_advance == "leaf" else min(w, 50)
+    ua, fa = np.ascontiguousarray(u[:, :wa]), np.ascontiguousarray(f[:, :wa])
+    bia = {None: {"array-location": [(0, u.shape[0]), (0, wa)]}}
+    if with_advance:
+        fns["advance"] = lambda: ad._advance_block(ua, fa, spec, m.p0, 0.0, dt, "rodas3", 1e-3, atol,
+                                                   100000, 1, block_info=bia)
+    # verify the block route against one process before timing
+    from esmjac.runtime.programs import RhsProgram
+    r = RhsProgram.build(doc)
+    ref = r.eval_into(np.ascontiguousarray(u.ravel()), r.p0, 0.0, fj, np.empty(u.size))
+    assert np.array_equal(fns["rhs"]().ravel(), ref), "rhs block differs from one process"
+    rounds = 3 if with_advance else 5
+    cost = _cpu_per_call(fns, rounds=rounds, inner=1 if with_advance else 3)
+    out = {k: c / (wa if k == "advance" else w) for k, c in cost.items()}
+    out["cells"], out["advance_cells"] = w, wa
+    if with_advance:
+        st = fns["advance"]()[u.shape[0]:]
+        out["advance_steps_per_cell"] = float(st[1].mean())
+        out["advance_failed"] = int((st[0] != 0).sum())
+    out["slots"] = m.slots(lay)
+    out["integrator"] = type(ad._integrator(spec, ad._built(spec), m.p0, "rodas3", 1e-3, atol, 100000,
+                                            wa)).__name__
+    return out
+
+
+def m300(cells: int, dt: float, with_advance: bool) -> dict:
+    from esmjac.models.mechanism import synthetic_mechanism
+    from esmjac.runtime.programs import JacobianProgram, RhsProgram
+    doc = synthetic_mechanism(300, 800, cells, seed=1)
+    t0 = time.perf_counter()
+    RhsProgram.build(doc)
+    JacobianProgram.build(doc)
+    build = time.perf_counter() - t0
+    rng = np.random.default_rng(3)
+    r = RhsProgram.build(doc)
+    u = (r.u0 * rng.uniform(0.5, 1.5, r.u0.size)).reshape(r.n_species, cells)
+    from esmjac.adapters import dask as ad
+    from esmjac.layouts.types import LaneSparseBlocks
+    m = ad.model(doc)
+    spec = m.spec
+    bi = {None: {"array-location": [(0, 300), (0, cells)]}}
+    lay = LaneSparseBlocks()
+    fns = {"rhs": lambda: ad._no_forcing(ad._rhs_block)(u, spec, m.p0, 0.0, 1, block_info=bi),
+           "jacobian": lambda: ad._no_forcing(ad._jac_block)(u, spec, lay, m.p0, 0.0, 1, block_info=bi)}
+    atol = ad._default_atol(spec.document(), None, m.species)
+    wa = cells if with_advance == "leaf" else min(cells, 4)
+    ua = np.ascontiguousarray(u[:, :wa])
+    bia = {None: {"array-location": [(0, 300), (0, wa)]}}
+    if with_advance:
+        fns["advance"] = lambda: ad._no_forcing(ad._advance_block)(ua, spec, m.p0, 0.0, dt, "rodas3", 1e-3,
+                                                                   atol, 100000, 1, block_info=bia)
+    ref = r.eval_into(np.ascontiguousarray(u.ravel()), r.p0, 0.0, None, np.empty(u.size))
+    assert np.array_equal(fns["rhs"]().ravel(), ref), "rhs block differs from one process"
+    cost = _cpu_per_call(fns, rounds=2 if with_advance else 3, inner=1)
+    out = {"cells": cells, "build_s": build, "slots": m.slots(lay), "jac_bytes_per_cell": 8 * m.slots(lay),
+           "species": 300, "reactions": 800, "engine": r.kernel.engine}
+    out.update({f"{k}_s_per_cell": c / (wa if k == "advance" else cells) for k, c in cost.items()})
+    out["advance_cells"] = wa
+    if with_advance:
+        st = fns["advance"]()[300:]
+        out["advance_steps_per_cell"] = float(st[1].mean())
+        out["advance_failed"] = int((st[0] != 0).sum())
+        out["integrator"] = type(ad._integrator(spec, ad._built(spec), m.p0, "rodas3", 1e-3, atol, 100000,
+                                                wa)).__name__
+    return out
+
+
+# ---------------------------------------------------------------- cluster
+
+def _cluster(n: int = 2):
+    from distributed import Client, LocalCluster
+    cl = LocalCluster(n_workers=n, processes=True, threads_per_worker=1, dashboard_address=None,
+                      silence_logs=40, memory_limit="6GiB")
+    return cl, Client(cl)
+
+
+def _inputs(client, doc, cells: int, w: int, workers):
+    """u and forcing made on the workers (no client → worker transfer), persisted."""
+    import dask.array as da
+    from distributed import wait
+    from esmjac.runtime.programs import RhsProgram
+    r = RhsProgram.build(doc)
+    u0 = np.asarray(r.u0, dtype=np.float64).reshape(r.n_species, -1)[:, :1]
+    U = da.ones((r.n_species, cells), chunks=(r.n_species, w)) * u0
+    U = U * (0.5 + da.random.default_rng(0).random((1, cells), chunks=(1, w)))
+    F = {"fj": da.linspace(0.2, 1.0, cells, chunks=w)}
+    U, Fj = client.persist([U, F["fj"]], workers=workers, allow_other_workers=False)
+    wait([U, Fj])
+    return U, {"fj": Fj}
+
+
+def _graph(op, doc, U, F, dt):
+    from esmjac.adapters import dask as ad
+    if op == "advance":
+        return ad.advance(doc, U, (0.0, dt), rtol=1e-3, forcing=F).u
+    if op == "apply":
+        return ad.apply(doc, U, U, forcing=F)
+    if op == "rhs":
+        return ad.rhs(doc, U, forcing=F)
+    return ad.jacobian(doc, U, forcing=F)
+
+
+def _run_wall(client, g, workers) -> float:
+    from distributed import wait
+    t0 = time.perf_counter()
+    x = client.persist(g, workers=workers, allow_other_workers=False)
+    wait(x)
+    dt = time.perf_counter() - t0
+    del x
+    return dt
+
+
+def overhead(client, doc, op: str, widths, tasks: int, per_cell: float, dt: float) -> list:
+    """Per-task overhead at each chunk width: ``tasks`` chunks of ``w`` cells on
+    two workers, (2·wall − Σ kernel CPU) / tasks (the fixed latency of one
+    graph is included, spread over the tasks)."""
+    addrs = sorted(client.scheduler_info()["workers"])
+    rows = []
+    for w in widths:
+        n = tasks * w
+        U, F = _inputs(client, doc, n, w, addrs)
+        g = _graph(op, doc, U, F, dt)
+        _run_wall(client, g, addrs)               # warm: build on every worker
+        wall = min(_run_wall(client, _graph(op, doc, U, F, dt), addrs) for _ in range(2))
+        kernel = per_cell * n
+        rows.append({"chunk": w, "tasks": tasks, "wall_s": wall, "task_s": 2 * wall / tasks,
+                     "kernel_task_s": kernel / tasks,
+                     "overhead_per_task_ms": 1e3 * max(2 * wall - kernel, 0.0) / tasks, "load": _load()})
+        del U, F
+    return rows
+
+
+def scaling(client, doc, op: str, total: int, w: int, dt: float, rounds: int = 3) -> dict:
+    addrs = sorted(client.scheduler_info()["workers"])
+    one, two = addrs[:1], addrs
+    cases = {"strong_1": (total, one), "strong_2": (total, two), "weak_1": (total // 2, one)}
+    best = {k: float("inf") for k in cases}
+    data = {k: _inputs(client, doc, n, w, ws) for k, (n, ws) in cases.items()}
+    for k, (n, ws) in cases.items():                # warm
+        _run_wall(client, _graph(op, doc, *data[k], dt), ws)
+    loads = [_load()]
+    for _ in range(rounds):
+        for k, (n, ws) in cases.items():
+            best[k] = min(best[k], _run_wall(client, _graph(op, doc, *data[k], dt), ws))
+        loads.append(_load())
+    t1, t2, tw = best["strong_1"], best["strong_2"], best["weak_1"]
+    return {"op": op, "cells": total, "chunk": w, "tasks": total // w, "task_s_1worker": t1 / (total // w),
+            "wall_s": best, "strong_efficiency": t1 / (2 * t2), "weak_efficiency": tw / t2,
+            "cells_per_s_2workers": total / t2, "load": loads}
+
+
+def bytes_per_lane(client, doc, op: str, w: int, dt: float) -> dict:
+    from esmjac.adapters import dask as ad
+    from esmjac.layouts.types import LaneSparseBlocks
+    addrs = sorted(client.scheduler_info()["workers"])
+    U, F = _inputs(client, doc, w, w, addrs[:1])
+    _run_wall(client, _graph(op, doc, U, F, dt), addrs[:1])
+    held = client.run(ad.held_bytes, workers=addrs[:1])[addrs[0]]
+    m = ad.model(doc, cells=w)
+    ns, nf = m.n_species, len(m.forcing_names)
+    out_rows = ns + len(ad.STAT_ROWS) if op == "advance" else (ns if op == "apply" else m.slots(LaneSparseBlocks()))
+    scratch = sum(b for lanes, b in held.items() if lanes == w)
+    return {"op": op, "lanes": w, "u": 8 * ns, "forcing": 8 * nf, "output": 8 * out_rows,
+            "scratch": scratch / w, "total": 8 * (ns + nf + out_rows) + scratch / w}
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--op", default=None, choices=["jacobian", "apply", "advance"],
+                    help="the operation scaled (default: advance with the per-lane leaf, else jacobian)")
+    ap.add_argument("--only", default="kernel,overhead,scaling,bytes,m300")
+    a = ap.parse_args(argv)
+    try:
+        import esmjac.adapters._leaf  # noqa: F401
+        have_leaf = True
+    except ImportError:
+        have_leaf = False
+    op = a.op or ("advance" if have_leaf else "jacobian")
+    dt = 1200.0
+    only = set(a.only.split(","))
+    res = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                       "platform": platform.platform()}, "op": op, "leaf": have_leaf,
+           "load_start": _load()}
+    big = 20_000 if a.quick else 1_000_000
+    if "kernel" in only:
+        doc, u, fj = _tropo(5000)
+        res["kernel"] = _chunk_costs(doc, u, fj, "leaf" if have_leaf else "per-lane", dt)
+        res["kernel"]["load"] = _load()
+        print("kernel", json.dumps(res["kernel"]), flush=True)
+    per_cell = res.get("kernel", {}).get(op)
+    rhs_cell = res.get("kernel", {}).get("rhs")
+    if only & {"overhead", "scaling", "bytes"}:
+        from esmjac.models.gridded import gridded_tropo12
+        doc = gridded_tropo12(8)[0]
+        cl, client = _cluster(2)
+        try:
+            if "overhead" in only and rhs_cell:
+                widths = [100, 1000, 10_000, 50_000] if not a.quick else [100, 1000]
+                res["overhead"] = overhead(client, doc, "rhs", widths, 32, rhs_cell, dt)
+                for r in res["overhead"]:
+                    print("overhead", json.dumps(r), flush=True)
+            if "scaling" in only and per_cell:
+                # tasks of >= 100 ms at the measured per-cell cost
+                w = int(min(max(0.1 / per_cell, 1000), big // 4))
+                total = big if op != "advance" else max(min(big, int(40 * w)), 4 * w)
+                total -= total % (2 * w)
+                res["scaling"] = scaling(client, doc, op, total, w, dt)
+                print("scaling", json.dumps(res["scaling"]), flush=True)
+            if "bytes" in only:
+                res["bytes"] = {o: bytes_per_lane(client, doc, o, 10_000 if o != "advance" or have_leaf else 50, dt)
+                                for o in ("jacobian", "advance")}
+                print("bytes", json.dumps(res["bytes"]), flush=True)
+        finally:
+            client.close()
+            cl.close()
+    if "m300" in only:
+        res["m300"] = m300(64 if a.quick else 256, dt, "leaf" if have_leaf else "per-lane")
+        res["m300"]["load"] = _load()
+        print("m300", json.dumps(res["m300"]), flush=True)
+    res["load_end"] = _load()
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
