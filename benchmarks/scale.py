@@ -66,7 +66,7 @@ def _tropo(cells: int, seed: int = 0):
     return doc, u, fj
 
 
-def _chunk_costs(doc, u, fj, with_advance: bool, dt: float) -> dict:
+def _chunk_costs(doc, u, fj, dt: float) -> dict:
     """CPU seconds per cell of one chunk through the adapter's own block
     tasks (the code a worker runs), verified against one process."""
     from esmjac.adapters import dask as ad
@@ -83,33 +83,24 @@ def _chunk_costs(doc, u, fj, with_advance: bool, dt: float) -> dict:
         "apply": lambda: ad._apply_block(u, v, f, spec, m.p0, 0.0, 1, False, block_info=bi),
     }
     atol = ad._default_atol(spec.document(), None, m.species)
-    # the advance on its own (smaller) block when the per-lane stand-in runs it
-    wa = w if with_advance == "leaf" else min(w, 50)
-    ua, fa = np.ascontiguousarray(u[:, :wa]), np.ascontiguousarray(f[:, :wa])
-    bia = {None: {"array-location": [(0, u.shape[0]), (0, wa)]}}
-    if with_advance:
-        fns["advance"] = lambda: ad._advance_block(ua, fa, spec, m.p0, 0.0, dt, "rodas3", 1e-3, atol,
-                                                   100000, 1, block_info=bia)
+    fns["advance"] = lambda: ad._advance_block(u, f, spec, m.p0, 0.0, dt, "rodas3", 1e-3, atol,
+                                               100000, 1, block_info=bi)
     # verify the block route against one process before timing
     from esmjac.runtime.programs import RhsProgram
     r = RhsProgram.build(doc)
     ref = r.eval_into(np.ascontiguousarray(u.ravel()), r.p0, 0.0, fj, np.empty(u.size))
     assert np.array_equal(fns["rhs"]().ravel(), ref), "rhs block differs from one process"
-    rounds = 3 if with_advance else 5
-    cost = _cpu_per_call(fns, rounds=rounds, inner=1 if with_advance else 3)
-    out = {k: c / (wa if k == "advance" else w) for k, c in cost.items()}
-    out["cells"], out["advance_cells"] = w, wa
-    if with_advance:
-        st = fns["advance"]()[u.shape[0]:]
-        out["advance_steps_per_cell"] = float(st[1].mean())
-        out["advance_failed"] = int((st[0] != 0).sum())
+    cost = _cpu_per_call(fns, rounds=3, inner=1)
+    out = {k: c / w for k, c in cost.items()}
+    out["cells"] = w
+    st = fns["advance"]()[u.shape[0]:]
+    out["advance_steps_per_cell"] = float(st[1].mean())
+    out["advance_failed"] = int((st[0] != 0).sum())
     out["slots"] = m.slots(lay)
-    out["integrator"] = type(ad._integrator(spec, ad._built(spec), m.p0, "rodas3", 1e-3, atol, 100000,
-                                            wa)).__name__
     return out
 
 
-def m300(cells: int, dt: float, with_advance: bool) -> dict:
+def m300(cells: int, dt: float) -> dict:
     from esmjac.models.mechanism import synthetic_mechanism
     from esmjac.runtime.programs import JacobianProgram, RhsProgram
     doc = synthetic_mechanism(300, 800, cells, seed=1)
@@ -129,25 +120,19 @@ def m300(cells: int, dt: float, with_advance: bool) -> dict:
     fns = {"rhs": lambda: ad._no_forcing(ad._rhs_block)(u, spec, m.p0, 0.0, 1, block_info=bi),
            "jacobian": lambda: ad._no_forcing(ad._jac_block)(u, spec, lay, m.p0, 0.0, 1, block_info=bi)}
     atol = ad._default_atol(spec.document(), None, m.species)
-    wa = cells if with_advance == "leaf" else min(cells, 4)
-    ua = np.ascontiguousarray(u[:, :wa])
-    bia = {None: {"array-location": [(0, 300), (0, wa)]}}
-    if with_advance:
-        fns["advance"] = lambda: ad._no_forcing(ad._advance_block)(ua, spec, m.p0, 0.0, dt, "rodas3", 1e-3,
-                                                                   atol, 100000, 1, block_info=bia)
+    fns["advance"] = lambda: ad._no_forcing(ad._advance_block)(u, spec, m.p0, 0.0, dt, "rodas3", 1e-3,
+                                                               atol, 100000, 1, block_info=bi)
     ref = r.eval_into(np.ascontiguousarray(u.ravel()), r.p0, 0.0, None, np.empty(u.size))
     assert np.array_equal(fns["rhs"]().ravel(), ref), "rhs block differs from one process"
-    cost = _cpu_per_call(fns, rounds=2 if with_advance else 3, inner=1)
+    cost = _cpu_per_call(fns, rounds=2, inner=1)
     out = {"cells": cells, "build_s": build, "slots": m.slots(lay), "jac_bytes_per_cell": 8 * m.slots(lay),
            "species": 300, "reactions": 800, "engine": r.kernel.engine}
-    out.update({f"{k}_s_per_cell": c / (wa if k == "advance" else cells) for k, c in cost.items()})
-    out["advance_cells"] = wa
-    if with_advance:
-        st = fns["advance"]()[300:]
-        out["advance_steps_per_cell"] = float(st[1].mean())
-        out["advance_failed"] = int((st[0] != 0).sum())
-        out["integrator"] = type(ad._integrator(spec, ad._built(spec), m.p0, "rodas3", 1e-3, atol, 100000,
-                                                wa)).__name__
+    out.update({f"{k}_s_per_cell": c / cells for k, c in cost.items()})
+    held = ad.held_bytes()
+    out["scratch_bytes_per_cell"] = sum(b for lanes, b in held.items() if lanes == cells) / cells
+    st = fns["advance"]()[300:]
+    out["advance_steps_per_cell"] = float(st[1].mean())
+    out["advance_failed"] = int((st[0] != 0).sum())
     return out
 
 
@@ -186,12 +171,21 @@ def _graph(op, doc, U, F, dt):
     return ad.jacobian(doc, U, forcing=F)
 
 
-def _run_wall(client, g, workers) -> float:
+def _cpu(client, workers) -> float:
+    """CPU seconds used so far by the worker processes and this process (the
+    scheduler and client run here): what a task costs beyond its kernel."""
+    return sum(client.run(time.process_time, workers=workers).values()) + time.process_time()
+
+
+def _run_wall(client, g, workers, cpu: list | None = None) -> float:
     from distributed import wait
+    c0 = _cpu(client, workers) if cpu is not None else 0.0
     t0 = time.perf_counter()
     x = client.persist(g, workers=workers, allow_other_workers=False)
     wait(x)
     dt = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(_cpu(client, workers) - c0)
     del x
     return dt
 
@@ -207,11 +201,13 @@ def overhead(client, doc, op: str, widths, tasks: int, per_cell: float, dt: floa
         U, F = _inputs(client, doc, n, w, addrs)
         g = _graph(op, doc, U, F, dt)
         _run_wall(client, g, addrs)               # warm: build on every worker
-        wall = min(_run_wall(client, _graph(op, doc, U, F, dt), addrs) for _ in range(2))
+        cpu: list = []
+        wall = min(_run_wall(client, _graph(op, doc, U, F, dt), addrs, cpu) for _ in range(3))
         kernel = per_cell * n
         rows.append({"chunk": w, "tasks": tasks, "wall_s": wall, "task_s": 2 * wall / tasks,
                      "kernel_task_s": kernel / tasks,
-                     "overhead_per_task_ms": 1e3 * max(2 * wall - kernel, 0.0) / tasks, "load": _load()})
+                     "overhead_per_task_ms": 1e3 * max(2 * wall - kernel, 0.0) / tasks,
+                     "cpu_overhead_per_task_ms": 1e3 * max(min(cpu) - kernel, 0.0) / tasks, "load": _load()})
         del U, F
     return rows
 
@@ -221,18 +217,24 @@ def scaling(client, doc, op: str, total: int, w: int, dt: float, rounds: int = 3
     one, two = addrs[:1], addrs
     cases = {"strong_1": (total, one), "strong_2": (total, two), "weak_1": (total // 2, one)}
     best = {k: float("inf") for k in cases}
+    cpu = {k: [] for k in cases}
     data = {k: _inputs(client, doc, n, w, ws) for k, (n, ws) in cases.items()}
     for k, (n, ws) in cases.items():                # warm
         _run_wall(client, _graph(op, doc, *data[k], dt), ws)
     loads = [_load()]
     for _ in range(rounds):
         for k, (n, ws) in cases.items():
-            best[k] = min(best[k], _run_wall(client, _graph(op, doc, *data[k], dt), ws))
+            best[k] = min(best[k], _run_wall(client, _graph(op, doc, *data[k], dt), ws, cpu[k]))
         loads.append(_load())
     t1, t2, tw = best["strong_1"], best["strong_2"], best["weak_1"]
+    c1, c2, cw = (min(cpu[k]) for k in ("strong_1", "strong_2", "weak_1"))
     return {"op": op, "cells": total, "chunk": w, "tasks": total // w, "task_s_1worker": t1 / (total // w),
             "wall_s": best, "strong_efficiency": t1 / (2 * t2), "weak_efficiency": tw / t2,
-            "cells_per_s_2workers": total / t2, "load": loads}
+            "cpu_s": {"strong_1": c1, "strong_2": c2, "weak_1": cw},
+            # the work itself: CPU seconds for the same cells on 1 vs 2 workers (1.0 = no extra work)
+            "strong_cpu_efficiency": c1 / c2, "weak_cpu_efficiency": 2 * cw / c2,
+            # the share of a core each worker got (the machine's other users take the rest)
+            "core_share_2workers": c2 / (2 * t2), "cells_per_s_2workers": total / t2, "load": loads}
 
 
 def bytes_per_lane(client, doc, op: str, w: int, dt: float) -> dict:
@@ -250,6 +252,39 @@ def bytes_per_lane(client, doc, op: str, w: int, dt: float) -> dict:
             "scratch": scratch / w, "total": 8 * (ns + nf + out_rows) + scratch / w}
 
 
+# ---------------------------------------------------------------- the plan
+
+GRID = (1440, 720, 72)           # 0.25° global, 72 levels
+STEP_S = 1200.0                  # the chemistry step (20 minutes)
+WALL_S = 60.0                    # ... done in one minute of wall time
+NODE_CORES, NODE_GIB = 128, 256  # a typical CPU node (e.g. 2 × 64-core EPYC, 256 GiB)
+TASK_S = 0.1                     # tasks of >= 100 ms (Dask's per-task cost is ~1 ms)
+
+
+def plan(res: dict, efficiency: float | None = None) -> dict:
+    """The 0.25° × 300-species plan from measured figures (``res["m300"]``):
+    every number derived, none assumed but the node size and the target."""
+    m = res["m300"]
+    cells = int(np.prod(GRID))
+    c = m["advance_s_per_cell"]                     # CPU s per cell per 20-minute step, one core
+    eff = 0.8 if efficiency is None else efficiency     # the target (this machine's load hides its own)
+    cores = cells * c / (WALL_S * eff)
+    nodes = int(np.ceil(cores / NODE_CORES))
+    per_cell = 8 * (300 + 300 + len(STAT_ROWS_)) + m["scratch_bytes_per_cell"]   # u in, u out, stats, scratch
+    w_min = int(np.ceil(TASK_S / c))
+    tasks = int(np.ceil(cells / w_min))
+    per_core_tasks = tasks / (nodes * NODE_CORES)
+    mem_node = cells / nodes * 8 * (300 + 300 + len(STAT_ROWS_)) + NODE_CORES * w_min * m["scratch_bytes_per_cell"]
+    return {"cells": cells, "advance_cpu_s_per_cell": c, "cells_per_s_per_core": 1.0 / c,
+            "core_seconds_per_step": cells * c, "efficiency_used": eff, "cores": cores, "nodes": nodes,
+            "chunk_cells": w_min, "tasks_per_step": tasks, "tasks_per_core": per_core_tasks,
+            "bytes_per_cell_in_flight": per_cell, "memory_per_node_gib": mem_node / 2**30,
+            "jacobian_bytes_per_cell": m["jac_bytes_per_cell"]}
+
+
+STAT_ROWS_ = ("status", "nsteps", "naccept", "nreject", "t")
+
+
 # ---------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -260,21 +295,16 @@ def main(argv=None) -> int:
                     help="the operation scaled (default: advance with the per-lane leaf, else jacobian)")
     ap.add_argument("--only", default="kernel,overhead,scaling,bytes,m300")
     a = ap.parse_args(argv)
-    try:
-        import esmjac.adapters._leaf  # noqa: F401
-        have_leaf = True
-    except ImportError:
-        have_leaf = False
-    op = a.op or ("advance" if have_leaf else "jacobian")
+    op = a.op or "advance"
     dt = 1200.0
     only = set(a.only.split(","))
     res = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                       "platform": platform.platform()}, "op": op, "leaf": have_leaf,
+                       "platform": platform.platform()}, "op": op,
            "load_start": _load()}
     big = 20_000 if a.quick else 1_000_000
     if "kernel" in only:
         doc, u, fj = _tropo(5000)
-        res["kernel"] = _chunk_costs(doc, u, fj, "leaf" if have_leaf else "per-lane", dt)
+        res["kernel"] = _chunk_costs(doc, u, fj, dt)
         res["kernel"]["load"] = _load()
         print("kernel", json.dumps(res["kernel"]), flush=True)
     per_cell = res.get("kernel", {}).get(op)
@@ -290,23 +320,27 @@ def main(argv=None) -> int:
                 for r in res["overhead"]:
                     print("overhead", json.dumps(r), flush=True)
             if "scaling" in only and per_cell:
-                # tasks of >= 100 ms at the measured per-cell cost
-                w = int(min(max(0.1 / per_cell, 1000), big // 4))
-                total = big if op != "advance" else max(min(big, int(40 * w)), 4 * w)
-                total -= total % (2 * w)
-                res["scaling"] = scaling(client, doc, op, total, w, dt)
-                print("scaling", json.dumps(res["scaling"]), flush=True)
+                res["scaling"] = {}
+                for o, n in ((op, big // 10), ("jacobian", big)):
+                    c = res["kernel"][o]
+                    w = int(min(max(0.1 / c, 1000), n // 4))      # tasks of >= 100 ms of CPU
+                    n -= n % (2 * w)
+                    res["scaling"][o] = scaling(client, doc, o, n, w, dt)
+                    print("scaling", json.dumps(res["scaling"][o]), flush=True)
             if "bytes" in only:
-                res["bytes"] = {o: bytes_per_lane(client, doc, o, 10_000 if o != "advance" or have_leaf else 50, dt)
+                res["bytes"] = {o: bytes_per_lane(client, doc, o, 10_000, dt)
                                 for o in ("jacobian", "advance")}
                 print("bytes", json.dumps(res["bytes"]), flush=True)
         finally:
             client.close()
             cl.close()
     if "m300" in only:
-        res["m300"] = m300(64 if a.quick else 256, dt, "leaf" if have_leaf else "per-lane")
+        res["m300"] = m300(64 if a.quick else 256, dt)
         res["m300"]["load"] = _load()
         print("m300", json.dumps(res["m300"]), flush=True)
+    if "m300" in res:
+        res["plan"] = plan(res)
+        print("plan", json.dumps(res["plan"]), flush=True)
     res["load_end"] = _load()
     if a.json:
         with open(a.json, "w") as fh:

@@ -355,6 +355,7 @@ class DaskModel:
     p0: np.ndarray
     forcing_defaults: dict        # forcing name → scalar default (those that have one)
     cells: int                    # cells of the real grid
+    u0: dict = field(default_factory=dict)   # species → the document's default (its first cell)
     lu_pattern: tuple = ()
     kind: str = "cell"
     _built: Any = field(default=None, repr=False)
@@ -483,9 +484,12 @@ def _make_model(doc: dict, model_name, opts: dict, cells: int | None) -> DaskMod
     lay = built.rhs.layout
     fdef = _forcing_defaults(doc, model_name, lay.forcing)
     lsb = built.plan(_lsb()())
+    u0 = np.asarray(built.rhs.u0, dtype=np.float64).reshape(len(lay.states), -1)[:, 0] \
+        if built.rhs.u0 is not None else np.zeros(len(lay.states))
     return DaskModel(spec, tuple(lay.states), tuple(lay.forcing), tuple(lay.params),
                      np.array(built.rhs.p0, dtype=np.float64), fdef, n_real,
-                     tuple(tuple(x) for x in lsb.info["lu_pattern"]), "cell")
+                     dict(zip(lay.states, u0.tolist())), tuple(tuple(x) for x in lsb.info["lu_pattern"]),
+                     "cell")
 
 
 def _forcing_defaults(doc: dict, model_name, names) -> dict:
@@ -784,11 +788,7 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
     """The leaf's default absolute tolerance (``ATOL_FRACTION`` of each
     species' largest default over the document's cells), from the document
     itself so that every chunk and one process use the same values."""
-    fraction = 1e-6
-    try:
-        from ._leaf import ATOL_FRACTION as fraction      # the leaf's own constant, when present
-    except ImportError:
-        pass
+    from ._leaf import ATOL_FRACTION as fraction
     models = doc.get("models") or {}
     m = models.get(model_name.split(".")[0]) if model_name else next(iter(models.values()), {})
     var = (m or {}).get("variables") or {}
@@ -797,54 +797,6 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
     top = float(scale.max()) if scale.size else 1.0
     top = top if top > 0 else 1.0
     return fraction * np.maximum(scale, 1e-6 * top)
-
-
-class _PerLane:
-    """Stand-in for the per-lane Rosenbrock leaf where it is not installed:
-    today's lock-step integrator run one lane at a time (so that, as with the
-    leaf, a lane's trajectory depends on its own inputs only)."""
-
-    def __init__(self, b: _Built, p, method, rtol, atol, max_steps):
-        from ..layouts.types import LaneSparseBlocks
-        self.b, self.p, self.method = b, p, method
-        self.rtol, self.atol, self.max_steps = rtol, atol, max_steps
-        self.plan = b.plan(LaneSparseBlocks())
-        self.ws = b.jac.new_workspace(1)
-        self.sc = b.rhs.new_buffers(1)
-
-    def advance(self, u, t0, dt, forcing, cix):
-        from ..integrators.rosenbrock import rosenbrock as integrate
-        n = self.b.rhs.n_species
-        L = u.size // n
-        nf = 0 if forcing is None else forcing.size // L
-        info = self.plan.info
-        stats = np.zeros((len(STAT_ROWS), L))
-        ncd = cix.size // L
-        for l in range(L):
-            f = None if forcing is None else np.ascontiguousarray(forcing.reshape(nf, L)[:, l])
-            self.ws.cix = self.sc.cix = np.ascontiguousarray(cix.reshape(ncd, L)[:, l])
-            rhs, jac, plan, ws, sc, p = self.b.rhs, self.b.jac, self.plan, self.ws, self.sc, self.p
-
-            def fun(t, y, out):
-                rhs.eval_into(y, p, t, f, out, sc)
-
-            def jfun(t, y, out):
-                jac.eval_into(plan, y, p, t, f, out, ws)
-
-            try:
-                r = integrate(fun, jfun, np.ascontiguousarray(u.reshape(n, L)[:, l]), (t0, t0 + dt), n=n,
-                              lanes=1, lu_pattern=[tuple(x) for x in info["lu_pattern"]],
-                              perm=tuple(info["ordering"]), rtol=self.rtol, atol=self.atol,
-                              method=self.method, max_steps=self.max_steps)
-            except JacError:            # a non-finite Jacobian at this lane: it fails alone
-                stats[:, l] = (4, 0, 0, 0, t0)
-                continue
-            ok = r.success and np.all(np.isfinite(r.y))
-            if ok:
-                u.reshape(n, L)[:, l] = r.y
-            stats[:, l] = (0 if ok else (2 if r.nsteps >= self.max_steps else 4), r.nsteps, r.naccept,
-                           r.nreject, r.t if ok else t0)
-        return stats
 
 
 class _Leaf:
@@ -858,6 +810,10 @@ class _Leaf:
                                    clip_negative=False, max_steps=max_steps, max_rejects=50, h0=None)
 
     def advance(self, u, t0, dt, forcing, cix):
+        L = u.size // self.leaf.n_species
+        # the leaf numbers its lanes from cell 0 of its own (template) grid:
+        # give it this chunk's real cells, for index-dependent expressions
+        self.leaf._scratch_for(L, 1)[3][:] = cix
         st = self.leaf.advance(u, t0, dt, forcing=forcing)
         return np.stack([st.status, st.nsteps, st.naccept, st.nreject, st.t]).astype(np.float64)
 
@@ -865,12 +821,7 @@ class _Leaf:
 def _integrator(spec, b, p, method, rtol, atol, max_steps, lanes):
     key = ("leaf", p.tobytes(), method, rtol, atol.tobytes(), max_steps)
 
-    def make():
-        try:
-            return _Leaf(b, p, method, rtol, atol, max_steps)
-        except ImportError:
-            return _PerLane(b, p, method, rtol, atol, max_steps)
-    return _scratch(spec, key, lanes, make)
+    return _scratch(spec, key, lanes, lambda: _Leaf(b, p, method, rtol, atol, max_steps))
 
 
 def _advance_block(u, f, spec, p, t0, dt, method, rtol, atol, max_steps, threads, block_info=None):
@@ -883,6 +834,15 @@ def _advance_block(u, f, spec, p, t0, dt, method, rtol, atol, max_steps, threads
     with _Threads(threads):
         stats = leaf.advance(y, t0, dt, fz, cix)
     return np.concatenate([y.reshape(n, w), stats], axis=0)
+
+
+def _check_autonomous(m: DaskModel) -> None:
+    from ..model.expr import free_names
+    rhs = _client_built(m).rhs
+    if any("t" in free_names(rhs.doc.expanded(f.expr)) for f in rhs.doc.fields):
+        raise JacError("bad_option",
+                       "this model's right-hand side uses t explicitly; the leaf steps cells at different "
+                       "times, so pass time-dependent inputs as forcing fields")
 
 
 @dataclass
@@ -946,6 +906,7 @@ def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "
     rtol = float(rtol)
     if not (rtol > 0 and np.isfinite(rtol)):
         raise JacError("bad_argument", f"rtol must be positive, got {rtol}")
+    _check_autonomous(m)
     u64 = inp.u.astype(np.float64)
     arrays = [u64] + ([f] if f is not None else [])
     fn = _advance_block if f is not None else _no_forcing(_advance_block)
