@@ -400,7 +400,13 @@ class RhsProgram(_Base):
         return out
 
     def __call__(self, t: float, y: np.ndarray, p=None, forcing=None) -> np.ndarray:
-        """``f(t, y)`` with the document's parameter defaults (solver style)."""
+        """``f(t, y)`` with the document's parameter defaults (solver style).
+
+        A user-facing callable: ``y`` may be any float array view (SciPy's
+        finite differences pass column views); it is copied to a contiguous
+        vector when needed. ``eval_into`` itself stays strict."""
+        if isinstance(y, np.ndarray) and y.dtype in _DTYPES and y.ndim == 1:
+            y = np.ascontiguousarray(y)
         out = np.empty_like(y)
         return self.eval_into(y, self.p0 if p is None else p, t, forcing, out)
 
