@@ -6,7 +6,7 @@ evaluation document, generated kernel source (imported from the on-disk
 cache) and read-only index arrays. All mutable scratch (band slab, hoisted
 values, the lane→cell map) lives in a :class:`JacWorkspace`, one per thread.
 
-Lane layout (DESIGN §4): a ``cell`` program stores states species-major with
+Lane layout (docs/design.rst §4): a ``cell`` program stores states species-major with
 lanes fastest, ``u[s*L + l]``; with ``L`` = number of cells this is exactly
 ``earthsci_ast.evaluate_rhs``'s flat order (variables in declaration order,
 elements row-major). A ``global`` program has one lane: ``u`` is that flat
