@@ -226,9 +226,18 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--bench-dir", default=None, help="the checkout's benchmarks/ folder (default ./benchmarks)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for benchmarks/run.py (--quick, --only ...)")
     p.set_defaults(fn=cmd_bench)
+    ap.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
     except JacError as exc:
-        print(f"esmjac: error: {exc}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"esmjac: error [{exc.code}]: {exc.message}", file=sys.stderr)
         return 2
+    except Exception as exc:        # never a bare traceback: --debug shows it
+        if args.debug:
+            raise
+        print(f"esmjac: error [internal_error]: {type(exc).__name__}: {exc} (rerun with --debug for "
+              "the traceback)", file=sys.stderr)
+        return 3
