@@ -225,6 +225,44 @@ def test_one_workspace_per_thread_reused(case):
     assert before and before == after
 
 
+def _index_model(n: int) -> dict:
+    """Two species whose exchange rate grows with the cell number ``i``: the
+    kernels read cell index values, so chunks must see their real cells."""
+    def at(x):
+        return {"op": "index", "args": [x, "i"]}
+
+    def eq(x, e):
+        return {"lhs": {"op": "D", "args": [x], "wrt": "t"},
+                "rhs": {"op": "faq", "output_idx": ["i"], "args": [], "ranges": {"i": {"from": "cell"}},
+                        "expr": e}}
+    flow = {"op": "*", "args": ["k", "i", at("A")]}
+    return {"esm": "1.1.0", "metadata": {"name": "IndexRate"},
+            "index_sets": {"cell": {"kind": "interval", "size": n}},
+            "models": {"M": {"variables": {"A": {"type": "unknown", "shape": ["cell"], "default": 1.0},
+                                           "B": {"type": "unknown", "shape": ["cell"], "default": 0.5},
+                                           "k": {"type": "parameter", "default": 0.1}},
+                             "equations": [eq("A", {"op": "+", "args": [{"op": "*", "args": [-1, flow]}, at("B")]}),
+                                           eq("B", {"op": "+", "args": [flow, {"op": "*", "args": [-1, at("B")]}]})]}}}
+
+
+def test_index_dependent_model_sees_its_real_cells(client):
+    n = 30
+    doc = _index_model(n)
+    m = ad.model(doc)
+    assert not m.spec.template            # shipped whole: the kernels read the cell index
+    r, j = RhsProgram.build(doc), JacobianProgram.build(doc)
+    pl = j.plan(LaneSparseBlocks(), source=r)
+    u = np.random.default_rng(5).uniform(0.5, 1.5, (2, n))
+    uf = np.ascontiguousarray(u.ravel())
+    ref_f = r.eval_into(uf, r.p0, 0.0, None, np.empty(uf.size)).reshape(2, n)
+    ref_j = j.eval_into(pl, uf, j.p0, 0.0, None, np.zeros(pl.out_size(n)), j.new_workspace()).reshape(-1, n)
+    # by hand: dA/dt = -0.1 i A + B
+    assert np.allclose(ref_f[0], -0.1 * np.arange(1, n + 1) * u[0] + u[1], rtol=1e-14)
+    U = da.from_array(u, chunks=(2, 7))
+    f, jj = client.compute([ad.rhs(doc, U), ad.jacobian(doc, U)], sync=True)
+    assert np.array_equal(f, ref_f) and np.array_equal(jj, ref_j)
+
+
 # ------------------------------------------------------------------ refusals
 
 def test_stencil_model_is_refused():

@@ -17,9 +17,10 @@ compiled), under a process lock so that many simultaneous tasks build once;
 each worker thread keeps one workspace per (program, chunk width), reused
 by every later task. A cell program's kernels do not depend on the cell
 count (checked at spec time: the templates at two and three cells must give
-the same kernel hashes), so the template evaluates any number of lanes; the
-lane → grid-cell map (``cix``) of each chunk is that of the real grid, so
-index-dependent expressions see their true cell.
+the same kernel hashes, and the kernels must not read cell index values),
+so the template evaluates any number of lanes. A model whose expressions
+read the cell index is shipped whole instead: each worker builds the full
+grid once and each chunk's lane map names its real cells.
 
 The same bits: every chunk runs the same kernels on the same lane values as
 one process does over the whole grid, so results are bitwise those of
@@ -272,9 +273,22 @@ class _Threads:
             numba.set_num_threads(self.prev)
 
 
-def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray:
+def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray | None:
+    """The chunk's lane → grid-cell map, or None where the kernels never read
+    cell indices (template specs: the workspace's own map then serves)."""
+    if spec.template:
+        return None
     from ..runtime.programs import lane_cells
     return lane_cells(spec.cell_shape, lanes, np.arange(start, start + lanes))
+
+
+def _reads_cells(prog) -> bool:
+    """Whether a program's kernels read cell index values (``cix``)."""
+    k = prog.kernel
+    if k.engine == "tape":
+        from ..compile.tape import _OPC
+        return any(bool(np.any(t.code[:, 0] == _OPC["idx"])) for t in k.tapes)
+    return "cix[" in k.source
 
 
 def _flat(block: np.ndarray | None, dtype) -> np.ndarray | None:
@@ -289,7 +303,9 @@ def _start(block_info) -> int:
 
 def _jac_ws(spec: _Spec, b: _Built, lanes: int, start: int):
     ws = _scratch(spec, "jac", lanes, lambda: b.jac.new_workspace(lanes))
-    ws.cix = _cix(spec, start, lanes)
+    cix = _cix(spec, start, lanes)
+    if cix is not None:
+        ws.cix = cix
     return ws
 
 
@@ -301,7 +317,9 @@ def _rhs_block(u, f, spec, p, t, threads, block_info=None):
     uu = _flat(u, u.dtype)
     out = np.empty_like(uu)
     sc = _scratch(spec, "rhs", w, lambda: b.rhs.new_buffers(w))
-    sc.cix = _cix(spec, _start(block_info), w)
+    cix = _cix(spec, _start(block_info), w)
+    if cix is not None:
+        sc.cix = cix
     with _Threads(threads):
         b.rhs.eval_into(uu, p, t, _flat(f, u.dtype), out, sc)
     return out.reshape(u.shape)
@@ -444,7 +462,7 @@ def _make_model(doc: dict, model_name, opts: dict, cells: int | None) -> DaskMod
             tdoc = _resized(doc, sets, _TEMPLATE_CELLS)
             r2 = RhsProgram.build(tdoc, model_name, options=opts)
             j2 = JacobianProgram.build(tdoc, model_name, options=opts)
-            if r2.kind == "cell" and j2.kind == "cell":
+            if r2.kind == "cell" and j2.kind == "cell" and not (_reads_cells(r2) or _reads_cells(j2)):
                 t3 = _resized(doc, sets, _TEMPLATE_CELLS + 1)
                 r3 = RhsProgram.build(t3, model_name, options=opts)
                 j3 = JacobianProgram.build(t3, model_name, options=opts)
@@ -811,9 +829,10 @@ class _Leaf:
 
     def advance(self, u, t0, dt, forcing, cix):
         L = u.size // self.leaf.n_species
-        # the leaf numbers its lanes from cell 0 of its own (template) grid:
-        # give it this chunk's real cells, for index-dependent expressions
-        self.leaf._scratch_for(L, 1)[3][:] = cix
+        if cix is not None:
+            # the leaf numbers its lanes from cell 0 of the grid: give it
+            # this chunk's cells, for index-dependent expressions
+            self.leaf._scratch_for(L, 1)[3][:] = cix
         st = self.leaf.advance(u, t0, dt, forcing=forcing)
         return np.stack([st.status, st.nsteps, st.naccept, st.nreject, st.t]).astype(np.float64)
 
