@@ -139,7 +139,8 @@ def _resolve_shape(shape, sizes: dict, name: str) -> tuple:
 
 
 def load_view(source: Any, model: str | None = None) -> SystemView:
-    """Load ``source`` and view the model to differentiate (see module doc).
+    """Load ``source`` and view the model to differentiate (see module doc);
+    malformed models are refused by :func:`esmjac.model.validate.validate_view`.
 
     Without ``model=`` the view is what ``earthsci_ast.esm_problem`` builds
     for the whole document: a document with one model and no coupling,
@@ -147,6 +148,13 @@ def load_view(source: Any, model: str | None = None) -> SystemView:
     models, coupling entries, reaction systems, nested subsystems) is viewed
     through ``earthsci_ast.flatten``. ``model=`` picks one model of several.
     """
+    from .validate import validate_view
+    view = _load_view(source, model)
+    validate_view(view)
+    return view
+
+
+def _load_view(source: Any, model: str | None = None) -> SystemView:
     from earthsci_ast.flatten import FlattenedSystem
 
     f = load_file(source)
@@ -160,26 +168,35 @@ def load_view(source: Any, model: str | None = None) -> SystemView:
                 raise JacError("unsupported_construct",
                                f"model `{model}` has subsystems; build the whole document (no model=), "
                                "which flattens them as earthsci_ast does")
-            return _model_view(f, model)
-        if coupled:
-            flat = _flatten(f)
-            return _flat_view(flat)
+            return _single_view(f, model)
+        systems = dict(getattr(f, "reaction_systems", None) or {})
+        if coupled and model in systems:
+            # A coupled document is differentiated as one flattened system;
+            # naming one of its reaction systems selects that document.
+            return _flat_view(_flatten(f))
+        known = sorted(models) + sorted(systems)
         raise JacError("model_not_found",
-                       f"model `{model}` is not in the document (it has: {', '.join(sorted(models)) or 'none'})")
+                       f"model `{model}` is not in the document (it has: {', '.join(known) or 'none'})")
     if not models and not f.reaction_systems:
         raise JacError("load_error", "the document has no models to differentiate")
     if coupled or len(models) != 1 or _has_subsystems(next(iter(models.values()))):
         return _flat_view(_flatten(f))
-    name = next(iter(models))
+    return _single_view(f, next(iter(models)), whole=True)
+
+
+def _single_view(f, name: str, whole: bool = False) -> SystemView:
+    """One model viewed unscoped, its states in earthsci-ast's order (from
+    ``flatten``). ``whole``: the model is the whole document, so a state
+    flatten files elsewhere means the document must be viewed flattened."""
     flat = _flatten_or_none(f)
     order = None
     if flat is not None:
         scope = f"{name}."
         full = integrated_states(flat)
-        if all(n.startswith(scope) and "." not in n[len(scope):] for n in full):
-            order = tuple(n[len(scope):] for n in full)
-        else:                   # flatten put states elsewhere: view it flattened
+        mine = [n for n in full if n.startswith(scope) and "." not in n[len(scope):]]
+        if whole and len(mine) != len(full):
             return _flat_view(flat)
+        order = tuple(n[len(scope):] for n in mine)
     return _model_view(f, name, order)
 
 
