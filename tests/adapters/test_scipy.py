@@ -272,3 +272,17 @@ def test_an_underivable_operator_gets_the_same_code_as_the_cli():
     with pytest.raises(JacError) as py:
         ivp(d)
     assert py.value.code == cli.value.code == "underivable_operator"
+
+
+def test_auto_threads_on_a_large_problem_is_decided_by_measurement():
+    import numba
+    from esmjac.adapters.scipy import AUTO_SERIAL_BELOW
+    from esmjac.models.gridded import gridded_tropo12
+    cells = AUTO_SERIAL_BELOW // 15 + 1
+    doc, forcing, y0 = gridded_tropo12(cells)
+    auto = ivp(doc, forcing=forcing, y0=y0)
+    one = ivp(doc, forcing=forcing, y0=y0, threads=1)
+    assert auto.threads in (1, int(numba.config.NUMBA_NUM_THREADS)) and one.threads == 1
+    np.testing.assert_array_equal(auto.fun(0.0, auto.y0), one.fun(0.0, one.y0))
+    np.testing.assert_array_equal(auto.jac_data(0.0, auto.y0), one.jac_data(0.0, one.y0))
+    assert ivp(TROPO).threads is None            # small: the programs' own one-thread policy
