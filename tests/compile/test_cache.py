@@ -224,7 +224,9 @@ def _corrupt_product_swap(cache, path, other):
 
 
 def _numba_files(cache, suffix):
-    return sorted((cache / "__pycache__").glob(f"k*{suffix}"))
+    found = sorted((cache / "__pycache__").glob(f"k*{suffix}"))
+    assert found, f"no Numba cache files ({suffix}) to corrupt"
+    return found
 
 
 def _corrupt_numba_index_garbage(cache, path, other):

@@ -217,6 +217,9 @@ class _Base:
         return self.layout.n_forcing_elements
 
     def _run(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
+        _recovering(self._run_once, out, kern, u, p, t, forcing, out, h, cix, lanes)
+
+    def _run_once(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
         if kern.engine == "tape":
             from ..compile.tape import run_tape
             pro, body = kern.tapes
@@ -259,6 +262,21 @@ class _Base:
         if n == 0:
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
+
+
+def _recovering(run, out, *args) -> None:
+    """``run(*args)``; a Numba cache file that fails to load (corrupt or
+    tampered index/data) is purged and the call retried, so Numba recompiles
+    instead of the entry breaking every later run (compile/cache.py)."""
+    from ..compile.cache import recover_numba_cache
+    for _ in range(16):                  # at most one purge per compiled function
+        try:
+            return run(*args)
+        except Exception as exc:
+            if not recover_numba_cache(exc):
+                raise
+            out[:] = 0                   # accumulating (global) kernels restart from zero
+    return run(*args)
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
@@ -649,6 +667,9 @@ class JacobianProgram(_Base):
         return k
 
     def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
+        _recovering(self._run_fused_once, out, plan, u, p, t, f, out, ws, L)
+
+    def _run_fused_once(self, plan, u, p, t, f, out, ws, L) -> None:
         kern = self._fused_kernel(plan)
         mod = kern.module()
         h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
