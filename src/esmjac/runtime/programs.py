@@ -434,7 +434,7 @@ class RhsProgram(_Base):
             out[:] = 0
         with _Serial(u.shape[0]):
             self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
-            bad = K.count_nonfinite(out)
+            bad = _checks.any_nonfinite(out)
         if bad:
             _checks.report_nonfinite(out, (u, p, f), t, "right-hand side", self._element_name(lanes))
         return out
@@ -644,10 +644,10 @@ class JacobianProgram(_Base):
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
                 plan.scatter(B, L, out)
                 ws.last_dtype = u.dtype
-            bad = K.count_nonfinite(out)
+            bad = _checks.any_nonfinite(out)
         ws.last_plan = plan.fingerprint
         ws.second.pop("state", None)
-        ws.second["point"] = (u.copy(), pv, t, f.copy())
+        ws.second["point"] = (u.copy(), pv.copy(), t, f.copy())
         if bad:
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
