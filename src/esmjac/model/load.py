@@ -1,4 +1,4 @@
-"""The earthsci-ast boundary, and the catch-up items of DESIGN §3.
+"""The earthsci-ast boundary, and the catch-up items of docs/design.rst §3.
 
 Loading, schema validation, template expansion, coupling and flattening are
 earthsci-ast's job; this module only calls it and converts what comes back
