@@ -15,7 +15,6 @@ order. Every argument is checked in Python before compiled code runs.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,7 +25,6 @@ import numpy as np
 from ..model.deep import run_deep
 from ..calculus.bandset import BandSet, check_options
 from ..compile import content_hash, generate, load_source
-from ..compile.cache import cache_dir
 from ..errors import JacError, typed_errors
 from . import checks as _checks
 from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
@@ -416,7 +414,6 @@ class RhsProgram(_Base):
         ``out`` must not share memory with ``u``, ``p`` or ``forcing``
         (refused: ``bad_argument``). A non-finite value computed from finite
         inputs is an ``evaluation_error`` naming the element."""
-        from . import kernels as K
         if scratch is None:
             sc = self.new_buffers()
         else:
@@ -629,7 +626,6 @@ class JacobianProgram(_Base):
         ``out`` must not share memory with ``u``, ``p``, ``forcing`` or the
         workspace (refused: ``bad_argument``). The point is copied into the
         workspace, so changing ``u`` afterwards does not change ``contract``."""
-        from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         L = ws.lanes
