@@ -263,3 +263,66 @@ def test_box_mechanism_through_ivp():
     J = prob.jac(0.0, prob.y0).toarray()
     ref = assemble(doc, u=dict(zip(prob.names, prob.y0))).matrix.toarray()
     np.testing.assert_allclose(J, ref, rtol=1e-12, atol=0)
+
+
+# ------------------------------------------------------------------ one vocabulary
+
+def test_per_cell_parameters_through_p_are_the_forcing_override():
+    a = ivp(TROPO, p={"fj": FJ})
+    b = ivp(TROPO, forcing={"fj": FJ})
+    np.testing.assert_array_equal(a.forcing, b.forcing)
+    np.testing.assert_array_equal(a.fun(0.0, a.y0), b.fun(0.0, b.y0))
+    with pytest.raises(JacError) as e:
+        ivp(TROPO, p={"fj": FJ}, forcing={"fj": FJ})
+    assert e.value.code == "bad_argument" and "both" in e.value.message
+
+
+def test_misplaced_names_point_to_the_right_argument():
+    with pytest.raises(JacError) as e:
+        ivp(TROPO, y0={"fj": 1.0})
+    assert e.value.code == "bad_argument" and "forcing=" in e.value.message
+    with pytest.raises(JacError) as e:
+        ivp(TROPO, forcing={"T": 290.0})
+    assert e.value.code == "bad_argument" and "p=" in e.value.message
+
+
+def test_user_facing_callables_take_column_views():
+    from esmjac import RhsProgram
+    r = RhsProgram.build(TROPO)
+    Y = np.tile(r.u0[:, None], (1, 3))              # columns are strided views
+    np.testing.assert_array_equal(r(0.0, Y[:, 1]), r(0.0, r.u0.copy()))
+    prob = ivp(TROPO)
+    np.testing.assert_array_equal(prob.fun(0.0, Y[:, 2]), prob.fun(0.0, r.u0.copy()))
+    np.testing.assert_array_equal(prob.jac(0.0, Y[:, 2]).toarray(), prob.jac(0.0, r.u0.copy()).toarray())
+
+
+def test_an_underivable_operator_gets_the_same_code_as_the_cli():
+    from esmjac.calculus.bandset import BandSet
+    from tests.support.models import chem
+    d = chem(cells=2)
+    d["models"]["M"]["equations"][0]["rhs"]["expr"]["args"][0]["args"].append(
+        {"op": "erf", "args": [{"op": "index", "args": ["A", "i"]}]})
+    with pytest.raises(JacError) as cli:
+        BandSet.build(d)
+    with pytest.raises(JacError) as py:
+        ivp(d)
+    assert py.value.code == cli.value.code == "underivable_operator"
+
+
+def test_auto_threads_on_a_large_problem_is_decided_by_measurement(monkeypatch):
+    # The size threshold lowered so that tropo12's 120 unknowns count as large:
+    # the build then times both thread counts and keeps one of them.
+    import numba
+    import esmjac.adapters.scipy as sc
+    calls = []
+    real = sc._measure_threads
+    monkeypatch.setattr(sc, "AUTO_SERIAL_BELOW", 10)
+    monkeypatch.setattr(sc, "_measure_threads", lambda call: calls.append(1) or real(call))
+    auto = ivp(TROPO)
+    one = ivp(TROPO, threads=1)
+    assert calls == [1]
+    assert auto.threads in (1, int(numba.config.NUMBA_NUM_THREADS)) and one.threads == 1
+    np.testing.assert_array_equal(auto.fun(0.0, auto.y0), one.fun(0.0, one.y0))
+    np.testing.assert_array_equal(auto.jac_data(0.0, auto.y0), one.jac_data(0.0, one.y0))
+    monkeypatch.setattr(sc, "AUTO_SERIAL_BELOW", 20000)
+    assert ivp(TROPO).threads is None            # small: the programs' own one-thread policy
