@@ -78,8 +78,10 @@ def c1_fixed_cost(samples: int) -> list:
     hr = peers.handrolled(doc)
     r, j = RhsProgram.build(doc), JacobianProgram.build(doc)
     plan = j.plan(LaneSparseBlocks())
-    ws = j.new_workspace(1)
+    ws = j.new_workspace(1, keep_slab=False)          # direct writes (no band slab)
+    ws_slab = j.new_workspace(1, keep_slab=True)
     run_j, run_r = j.bind(plan, ws), r.bind(1)
+    run_js = j.bind(plan, ws_slab)
     u = r.u0.copy()
     p, f = hr.default_p(), hr.default_forcing(1)
     assert np.allclose(p, r.p0)
@@ -101,13 +103,14 @@ def c1_fixed_cost(samples: int) -> list:
     jb = JacobianProgram.build(bdoc, options={"per_lane": ["fj"]})
     rb = RhsProgram.build(bdoc, options={"per_lane": ["fj"]})
     pb = jb.plan(LaneSparseBlocks())
-    run_jb, run_rb = jb.bind(pb, jb.new_workspace(1)), rb.bind(1)
+    run_jb = jb.bind(pb, jb.new_workspace(1, keep_slab=False))
     outb = np.zeros(pb.out_size(1))
     run_jb(u, rb.p0, 0.0, f, outb)
     assert np.array_equal(outb, out)
     t = _interleaved({
         "bound eval_into": lambda: run_j(u, r.p0, 0.0, f, out),
         "bound eval_into (box)": lambda: run_jb(u, rb.p0, 0.0, f, outb),
+        "bound eval_into (slab)": lambda: run_js(u, r.p0, 0.0, f, out),
         "eval_into": lambda: j.eval_into(plan, u, r.p0, 0.0, f, out, ws),
         "hand-rolled jac": lambda: hr.jac(u, p, f, hout, 1),
         "bound rhs": lambda: run_r(u, r.p0, 0.0, f, du),
@@ -119,7 +122,8 @@ def c1_fixed_cost(samples: int) -> list:
     return [
         _line("C1", rj <= 3.0, f"fixed cost at 1 cell: bound eval_into / hand-rolled = {rj:.2f} "
               f"(target <= 3; {_us(t['bound eval_into'])} vs {_us(t['hand-rolled jac'])}; box program "
-              f"{_us(t['bound eval_into (box)'])}; unbound eval_into {_us(t['eval_into'])})"),
+              f"{_us(t['bound eval_into (box)'])}; with a band slab {_us(t['bound eval_into (slab)'])}; "
+              f"unbound eval_into {_us(t['eval_into'])})"),
         _line("C1", rr <= 3.0, f"fixed cost at 1 cell: bound RHS / hand-rolled = {rr:.2f} "
               f"(target <= 3; {_us(t['bound rhs'])} vs {_us(t['hand-rolled rhs'])}; unbound "
               f"eval_into {_us(t['rhs eval_into'])})"),
