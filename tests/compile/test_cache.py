@@ -20,7 +20,7 @@ import pytest
 
 from esmjac.errors import JacError
 from tests.support.child import finish_child, run_child, start_child
-from tests.support.models import chem, with_observed_chain
+from tests.support.models import chem, chem_jacobian, with_observed_chain
 
 CELLS = 4
 
@@ -43,14 +43,7 @@ print("RESULT " + json.dumps({"J": csr_array((out, plan.indices, plan.indptr), s
 
 
 def _hand(k1: float, k2: float, cells: int = CELLS) -> np.ndarray:
-    n = 2 * cells
-    u = np.linspace(1.0, 2.0, n)
-    J = np.zeros((n, n))
-    for c in range(cells):
-        a, b = c, cells + c
-        B = u[b]
-        J[a, a], J[a, b], J[b, a], J[b, b] = -k1, 2 * k2 * B, k1, -4 * k2 * B
-    return J
+    return chem_jacobian(np.linspace(1.0, 2.0, 2 * cells), k1, k2)
 
 
 def _eval(path, cache, **kw) -> dict:
