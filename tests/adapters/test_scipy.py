@@ -326,3 +326,17 @@ def test_auto_threads_on_a_large_problem_is_decided_by_measurement(monkeypatch):
     np.testing.assert_array_equal(auto.jac_data(0.0, auto.y0), one.jac_data(0.0, one.y0))
     monkeypatch.setattr(sc, "AUTO_SERIAL_BELOW", 20000)
     assert ivp(TROPO).threads is None            # small: the programs' own one-thread policy
+
+
+def test_outputs_the_caller_still_holds_are_never_reused(tropo):
+    """fun/jac recycle only arrays every caller has released: values a
+    solver keeps stay as they were returned."""
+    y = tropo.y0
+    f1 = tropo.fun(0.0, y)
+    keep = f1.copy()
+    f2 = tropo.fun(0.0, y * 1.5)
+    assert f2 is not f1 and np.array_equal(f1, keep)
+    J1 = tropo.jac(0.0, y)
+    d1 = J1.data.copy()
+    J2 = tropo.jac(0.0, y * 1.5)
+    assert not np.shares_memory(J1.data, J2.data) and np.array_equal(J1.data, d1)
