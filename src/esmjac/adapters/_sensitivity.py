@@ -85,6 +85,23 @@ def _hessp_tlm(D, L, row, site, pcol, plane, nl, v, dp, out):
             out[r * L + l] += D[q * L + l] * v[w * L + l] * d
 
 
+def _slab_eval(prog, plan, ws, y, p, fz, m, out):
+    """Fill ``ws``'s band slab at ``y`` for ``apply``/``apply_transpose``.
+
+    The products only read the slab, so the plan's scatter into ``out`` (and
+    its checks) is skipped when the program exposes its kernel runner; the
+    public ``eval_into`` is the fallback."""
+    run = getattr(prog, "_run", None)
+    if run is None or not hasattr(ws, "slab") or prog.kernel.engine not in ("codegen", "tape"):
+        prog.eval_into(plan, y, p, 0.0, fz if prog.f_size(m) else None, out, ws)
+        return
+    dt = np.dtype(np.float64)
+    B = ws.slab(dt, prog.slab_size(m))
+    run(prog.kernel, y, p, 0.0, fz, B, ws.h, ws.cix, m)
+    ws.last_dtype = dt
+    ws.last_plan = plan.fingerprint
+
+
 class _Second:
     """Second-order fields of one program evaluated at a point, as arrays."""
 
@@ -161,6 +178,10 @@ class Sensitivities:
         factor_lanes(sc["W"], lu.nnz, m, m, CHUNK, *lu._factor_ops(), sc["bad"])
         if np.any(sc["bad"][:m] >= 0):
             raise JacError("evaluation_error", "singular iteration matrix while replaying a recorded step")
+        if cix.size == len(leaf.rhs_program.layout.cell_shape) * m and cix.size:
+            for w in (sc["ws"], sc.get("wsp")):
+                if w is not None:
+                    w.cix = cix                   # the record's own cells (index-dependent models)
         Ys[0, :n * m] = y[:n * m]
         Fi = F
         for i in range(tab.stages):
@@ -223,11 +244,9 @@ class Sensitivities:
                 if pt != at:                      # J(Y_i) (and J_p) once per distinct stage point
                     at = pt
                     Yi = np.ascontiguousarray(sc["Ys"][i, :n * m])
-                    self.jac.eval_into(self.plan, Yi, leaf.p, 0.0, fz if leaf.forcing_names else None,
-                                       sc["Jp"], sc["ws"])
+                    _slab_eval(self.jac, self.plan, sc["ws"], Yi, leaf.p, fz, m, sc["Jp"])
                     if self.jp is not None:
-                        self.jp.eval_into(self.plan_p, Yi, leaf.p, 0.0, fz if leaf.forcing_names else None,
-                                          sc["Pp"], sc["wsp"])
+                        _slab_eval(self.jp, self.plan_p, sc["wsp"], Yi, leaf.p, fz, m, sc["Pp"])
                 self.jac.apply_transpose(self.plan, sc["ws"], u_nat, g)
                 lam_new += g
                 gperm = g.reshape(n, m)[perm].reshape(-1)
@@ -322,11 +341,9 @@ class Sensitivities:
                 if self._point[i] != at:
                     at = self._point[i]
                     Yi = np.ascontiguousarray(sc["Ys"][i, :n * m])
-                    self.jac.eval_into(self.plan, Yi, leaf.p, 0.0, fz if leaf.forcing_names else None,
-                                       sc["Jp"], sc["ws"])
+                    _slab_eval(self.jac, self.plan, sc["ws"], Yi, leaf.p, fz, m, sc["Jp"])
                     if dpm is not None:
-                        self.jp.eval_into(self.plan_p, Yi, leaf.p, 0.0, fz if leaf.forcing_names else None,
-                                          sc["Pp"], sc["wsp"])
+                        _slab_eval(self.jp, self.plan_p, sc["wsp"], Yi, leaf.p, fz, m, sc["Pp"])
                 self.jac.apply(self.plan, sc["ws"], dY, r)
                 k_nat = np.empty(n * m)
                 k_nat.reshape(n, m)[perm] = K[i, :n * m].reshape(n, m)
