@@ -224,7 +224,9 @@ def _corrupt_product_swap(cache, path, other):
 
 
 def _numba_files(cache, suffix):
-    return sorted((cache / "__pycache__").glob(f"k*{suffix}"))
+    found = sorted((cache / "__pycache__").glob(f"k*{suffix}"))
+    assert found, f"no Numba cache files ({suffix}) to corrupt"
+    return found
 
 
 def _corrupt_numba_index_garbage(cache, path, other):
@@ -389,3 +391,23 @@ def test_a_folder_others_can_write_keeps_kernels_private(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="writable by other users"):
         _build(path)
     assert not list(shared.glob("k*.py")) and _products(shared, ".json")
+
+
+@pytest.mark.parametrize("engine", ["codegen", "tape"])
+def test_a_stored_build_round_trips_through_json(tmp_path, monkeypatch, engine):
+    """The stored product decodes to the same program (same fingerprint,
+    regenerated kernel with the stored content hash, same index arrays)."""
+    import esmjac.runtime.programs as P
+    from esmjac.compile.cache import document_key, load_product
+    from tests.support.programs import TROPO12
+    monkeypatch.setenv("ESMJAC_CACHE_DIR", str(tmp_path))
+    a = P.JacobianProgram.build(TROPO12, options={"engine": engine})
+    key = document_key(TROPO12, "jac", "None", "states", "400", "False", engine, "1500")[0]
+    raw = load_product(key, P._product_types())
+    assert raw is not None and raw.meta is None                   # index arrays are not read back
+    b = P._revive(raw, dict(P.PROGRAM_OPTIONS, engine=engine))
+    assert b.fingerprint == a.fingerprint and b.kernel.key == a.kernel.key
+    assert b.kernel.engine == engine and b.bands == a.bands
+    for k, v in a.meta.items():
+        assert np.array_equal(np.asarray(v), np.asarray(b.meta[k])), k
+    assert np.array_equal(a.u0, b.u0) and np.array_equal(a.p0, b.p0)

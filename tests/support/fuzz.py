@@ -134,7 +134,7 @@ def main(examples: int = 150) -> None:
         if kind == "tamper_h":
             ws.h = np.zeros(0)
         elif kind == "tamper_cix":
-            ws.cix = np.full(ws.cix.shape[0], 10**6, np.int64)
+            ws.cix = np.zeros(max(ws.cix.shape[0] // 2, 1), np.int64)
         elif kind == "tamper_lanes":
             ws.lanes = ws.lanes * 3
         return ws, kind.startswith("tamper")
