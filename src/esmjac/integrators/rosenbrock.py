@@ -307,6 +307,17 @@ def _pos_int(name, v) -> int:
     return int(v)
 
 
+def positive_number(name: str, v, code: str = "bad_argument") -> float:
+    """``float(v)`` if it is a finite positive number, else a typed refusal."""
+    try:
+        r = float(v)
+    except (TypeError, ValueError):
+        raise JacError(code, f"{name} must be a number, got {v!r}") from None
+    if not (r > 0.0 and math.isfinite(r)):
+        raise JacError(code, f"{name} must be positive, got {v!r}")
+    return r
+
+
 def _perm_arrays(perm, n):
     if perm is None:
         p = np.arange(n, dtype=np.int64)
@@ -413,12 +424,7 @@ def rosenbrock(
     at = np.ascontiguousarray(at)
 
     if h0 is not None:
-        try:
-            h0 = float(h0)
-        except (TypeError, ValueError):
-            raise JacError("bad_argument", f"h0 must be a number, got {h0!r}") from None
-        if not (h0 > 0.0 and math.isfinite(h0)):
-            raise JacError("bad_argument", f"h0 must be positive, got {h0!r}")
+        h0 = positive_number("h0", h0)
 
     span = tf - t0
     res = RosenbrockResult(t0, Y, 0, 0, 0, 0, 0, 0, 0, True, "", 0.0)
