@@ -107,7 +107,7 @@ def rosenbrock(source, *, model=None, p=None, forcing=None, options=None, **extr
         raise JacError("nonuniform_pattern",
                        "the native Rosenbrock leaf integrates per-cell chemistry (LaneSparseBlocks); this "
                        "model couples cells — use kind 'scipy.ivp' or 'sundials.cvode'")
-    plan = jac.plan(LaneSparseBlocks(), source=rhs)
+    plan = jac.plan(LaneSparseBlocks(tile=None), source=rhs)   # the sparse LU's lanes-fastest slots
     pv = rhs.p0 if p is None else np.asarray(p, dtype=np.float64)
     auto = not any("t" in free_names(rhs.doc.expanded(f.expr)) for f in rhs.doc.fields)
     return RosenbrockProblem(rhs, jac, plan, rhs.u0.copy(), pv, forcing, auto, jac.new_workspace())

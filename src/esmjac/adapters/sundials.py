@@ -83,10 +83,10 @@ class _BlockPC:
         self.j = j
         self.lay = r.layout
         if j.kind == "cell":
-            self.plan = j.plan(LaneBlocks(), source=r)
+            self.plan = j.plan(LaneBlocks(tile=None), source=r)   # lanes-fastest blocks (reshaped below)
             n, m = self.plan.info["block"]
             self.ns, self.N = int(n), int(j.cells)
-            self.ws = j.new_workspace()
+            self.ws = j.new_workspace(keep_slab=True)   # J·v (apply) reuses its band slab
             self.buf = np.empty(self.plan.out_size(self.ws.lanes))
             self.sel = None
         else:
@@ -107,7 +107,7 @@ class _BlockPC:
             keep = cr == cc
             self.sel = np.flatnonzero(keep)
             self.dest = (cr[keep] * self.ns + sr[keep]) * self.ns + sc[keep]
-            self.ws = j.new_workspace()
+            self.ws = j.new_workspace(keep_slab=True)   # J·v (apply) reuses its band slab
             self.buf = np.empty(plan_csr.out_size(self.ws.lanes))
         self.J = None
         self.Minv = None
@@ -145,7 +145,7 @@ class _BandedPC:
     def __init__(self, r, j, axis):
         from ..layouts.types import ColumnBanded
         self.j = j
-        self.plan = j.plan(ColumnBanded(axis), source=r)
+        self.plan = j.plan(ColumnBanded(axis, tile=None), source=r)   # one column's band per lane
         info = self.plan.info
         self.kl, self.ku = int(info["kl"]), int(info["ku"])
         self.m, self.C = int(info["m"]), int(info["columns"])
@@ -163,7 +163,7 @@ class _BandedPC:
         P = np.empty((self.C, self.m), dtype=np.int64)
         P[lane, local] = e
         self.P = P
-        self.ws = j.new_workspace()
+        self.ws = j.new_workspace(keep_slab=True)   # J·v (apply) reuses its band slab
         self.buf = np.empty(self.plan.out_size(self.ws.lanes))
         self.AB = None
         self.lu = []
@@ -387,7 +387,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     yv, pv, fv = _inputs(r, y0, p, forcing)
     rows, cols, n = _pattern(plan)
     st: dict = {"error": None, "scratch": r.new_buffers(), "scratch_user": r.new_buffers(),
-                "ws_dense": j.new_workspace(), "ws_jv": j.new_workspace(), "ws_user": j.new_workspace()}
+                "ws_dense": j.new_workspace(), "ws_jv": j.new_workspace(keep_slab=True), "ws_user": j.new_workspace()}
     st["dense_buf"] = np.empty(plan.out_size(st["ws_dense"].lanes))
     st["jv_buf"] = np.empty(plan.out_size(st["ws_jv"].lanes))
     st["user_buf"] = np.empty(plan.out_size(st["ws_user"].lanes))

@@ -438,7 +438,7 @@ class JacWorkspace:
     lanes: int
     cix: np.ndarray
     h: np.ndarray
-    keep_slab: bool = True
+    keep_slab: bool = False
     slabs: dict = field(default_factory=dict)
     last_dtype: Any = None
     last_plan: Any = None
@@ -520,13 +520,13 @@ class JacobianProgram(_Base):
             return self.n_fields * lanes
         return int(self.meta["slab_size"])
 
-    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = True) -> JacWorkspace:
+    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = False) -> JacWorkspace:
         """Scratch for one thread; ``lanes`` ≥ cells pads (cell programs).
 
-        ``keep_slab=False`` lets ``eval_into`` write lane layouts directly
-        (fused kernels, no band slab: about half the memory traffic) for
-        callers that only need the matrix; ``apply``/``apply_transpose``/
-        ``contract`` then need a workspace that keeps the slab."""
+        By default ``eval_into`` writes lane layouts directly, tile by tile
+        (no band slab: about half the memory traffic). ``keep_slab=True``
+        also keeps the band slab of each ``eval_into`` (a snapshot of the
+        band values) for ``apply``/``apply_transpose`` on this workspace."""
         if self.kind == "global":
             if lanes not in (None, 1):
                 raise JacError("bad_argument", "a global-lane program has exactly one lane")
@@ -598,7 +598,10 @@ class JacobianProgram(_Base):
             dest = list(zip(a["fa"].tolist(), a["fb"].tolist(), a["fs"].tolist()))
             zeros = list(zip(a["za"].tolist(), a["zb"].tolist(), a["zs"].tolist()))
             g = run_deep(generate, self.doc, max_stmts=PROGRAM_OPTIONS["max_stmts"],
-                         title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
+                         title=f"direct writes for layout {plan.layout.name}"
+                               + (f", tile {plan.tile}" if plan.tiled else ""),
+                         dest=dest, zeros=zeros, tile=plan.tile if plan.tiled else None,
+                         nslots=int(plan.info["slots_per_lane"]))
             k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
             plan._cache["fused_kernel"] = k
         return k
@@ -616,7 +619,7 @@ class JacobianProgram(_Base):
         if ws.last_dtype is None:
             if not ws.keep_slab:
                 raise JacError("bad_argument", "this workspace keeps no band slab (keep_slab=False); "
-                               "use new_workspace(keep_slab=True) for apply/apply_transpose/contract")
+                               "use new_workspace(keep_slab=True) for apply/apply_transpose")
             raise JacError("bad_argument", "call eval_into first: apply/apply_transpose reuse its band slab")
         return ws.slabs[ws.last_dtype]
 
