@@ -10,15 +10,18 @@ their species (``O3 = S[2*16 + j]``), parameters after themselves
 (``k_NO_O3 = p[3]``), literals are literals, and every store says which
 derivative it is (``# ∂HO2/∂NO``).
 
-Cell chunks run over *tiles* of ``TW`` lanes (DESIGN §4): per tile the lanes'
-inputs are copied into a small scratch ``S`` (clamped: padding lanes read the
-last real lane), the body runs as one ``for j in range(m)`` loop whose reads
-and writes all address ``S`` at literal offsets (so LLVM proves them
-independent and vectorizes the loop without runtime alias checks), and the
-tile's outputs are copied out: into a tiled plan's slots
-(``((l // TW)*nslots + q)*TW + l % TW``), or lanes-fastest
-(``out[k*L + l]``: band slab, right-hand side, untiled plans). Global chunks
-are a loop over box points.
+A tiled plan's chunks (``fl<chunk>``, direct writes) run over *tiles* of
+``W`` lanes (DESIGN §4): per tile the lanes' inputs are copied into a small
+scratch ``S`` (clamped: padding lanes read the last real lane), the body runs
+as one ``for j in range(W)`` loop whose reads and writes all address ``S`` at
+literal offsets, so LLVM proves them independent and vectorizes it without
+runtime alias checks (it leaves loops of fewer than 16 known iterations
+scalar: hence the default ``W``), and the tile's slots — one contiguous run
+of ``nslots × W`` values, ``((l // W)*nslots + q)*W + l % W`` — are copied
+out. The band slab, the right-hand side and untiled plans are written
+lanes-fastest (``out[k*L + l]``) by a plain loop over lanes: with a few flops
+per stored value the scratch copies cost more than SIMD saves (measured).
+Global chunks are a loop over box points.
 
 Each chunk function is written once; the module compiles it twice: ``chunk<i>``
 (``parallel=True``, ``prange`` over blocks of tiles) and its serial twin
@@ -40,11 +43,8 @@ from ..errors import JacError
 from ..model.expr import format_float
 from .ssa import Block, Lowering
 
-__all__ = ["generate", "Generated", "GENERATOR", "TILE_LANES"]
+__all__ = ["generate", "Generated", "GENERATOR"]
 
-#: Lanes per compute tile of the slab / right-hand-side kernels (plans use
-#: their own ``tile``): 16 is the narrowest loop LLVM vectorizes.
-TILE_LANES = 16
 #: Tiles per parallel work item (one scratch allocation per item).
 _TILES_PER_ITEM = 64
 
@@ -265,7 +265,10 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
         groups = [(dims, [(o, None) for o in outs]) for dims, outs in _global_groups(doc)]
     for gi, (dims, outputs) in enumerate(groups):
         pending = list(outputs)
-        while pending:
+        # A plan with no bands still gets one chunk: it writes the zeros.
+        empty_plan = dest is not None and not pending and mode in ("tile", "lanes")
+        while pending or empty_plan:
+            empty_plan = False
             blk = Block()
             dimpos = {} if dims is None else {n: k for k, (n, _, _) in enumerate(dims)}
             if dims is None:
@@ -284,11 +287,14 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
                 taken.append((o, vals, i))
                 pending.pop(0)
             name = f"chunk{len(chunks)}"
-            if mode in ("tile", "lanes"):
-                a0 = 0 if not chunks else taken[0][2]
+            if mode == "tile":
+                a0 = 0 if not chunks or not taken else taken[0][2]
                 a1 = pending[0][1] if pending else P
-                lines, n, hv = _tile_chunk(name if dest is None else "fl" + name, blk, taken, doc, names,
-                                           mode, a0, a1, P, tile or TILE_LANES)
+                lines, n, hv = _tile_chunk("fl" + name, blk, taken, doc, names, mode, a0, a1, P, tile)
+            elif mode == "lanes":
+                empty = [] if chunks or dest is None else sorted(set(range(P)) - set(idx))
+                lines, n, hv = _lane_chunk(name if dest is None else "fl" + name, blk, taken, doc, names,
+                                           empty)
             elif mode == "strided":
                 lines, n, hv = _literal_chunk(name, blk, taken, doc, dest, zeros if not chunks else (), names)
             else:
@@ -304,8 +310,12 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt)
 
 
-def tape_program(doc):
-    """(prologue tape, body tape, n_hoist) of a cell document (engine "tape")."""
+def tape_program(doc, dest=None):
+    """(prologue tape, body tape, n_hoist) of a cell document (engine "tape").
+
+    With ``dest`` (per field: its slot of a unit-stride lane plan) the body
+    stores slots directly: the bands of one slot are summed in plan order
+    (field order) first, so each slot is stored once."""
     from .tape import encode
     if doc.kind != "cell":
         raise JacError("bad_option", "the tape engine runs cell-lane programs only")
@@ -313,8 +323,18 @@ def tape_program(doc):
     blk = Block()
     dimpos = {n: k for k, n in enumerate(_cell_names(doc))}
     stores = []
-    for target, exprs in _cell_outputs(doc):
-        stores.append((low.point(blk, exprs[0], dimpos), target[1]))
+    if dest is None:
+        for target, exprs in _cell_outputs(doc):
+            stores.append((low.point(blk, exprs[0], dimpos), target[1]))
+    else:
+        per: dict = {}
+        for target, exprs in _cell_outputs(doc):
+            per.setdefault(dest[target[1]], []).append(low.point(blk, exprs[0], dimpos))
+        for slot in sorted(per):
+            acc = per[slot][0]
+            for v in per[slot][1:]:
+                acc = blk.emit("+", acc, v)
+            stores.append((acc, slot))
     body = encode(blk, stores)
     pro = low.prologue
     ptape = encode(pro, [(v, v) for v in range(len(pro.ins))], "storeh")
@@ -403,7 +423,7 @@ def _variants(name: str, args: str, loop: str, pre: list, body: list) -> list:
     (``prange`` is a plain ``range`` there: measured ~30% faster on one
     thread). Numba compiles each only when first called."""
     par = loop.replace("range(", "nb.prange(", 1)
-    return ["", f"def _{name}({args}):", *pre, f"    {par}", *["        " + ln for ln in body], "",
+    return ["", f"def _{name}({args}):", *pre, f"    {par}", *["        " + ln for ln in body or ["pass"]], "",
             f"{name} = nb.njit(parallel=True, **_JIT)(_{name})",
             f"s{name} = nb.njit(**_JIT)(_twin(_{name}, 's{name}'))", ""]
 
@@ -464,9 +484,8 @@ def _chunk(name: str, blk: Block, taken: list, doc, dims, names: _Names) -> tupl
 
 def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: str,
                 a0: int, a1: int, P: int, TW: int) -> tuple:
-    """A cell chunk over tiles of ``TW`` lanes (module docstring): outputs
-    ``a0 ≤ k < a1`` go to ``out`` tiled (``mode="tile"``, ``P`` slots) or
-    lanes-fastest (``mode="lanes"``: ``out[k*L + l]``)."""
+    """A cell chunk over tiles of ``TW`` lanes (module docstring): slots
+    ``a0 ≤ k < a1`` of a tiled plan with ``P`` slots per lane."""
     lay = doc.layout
     reads = []                                  # scratch sections of the inputs, first-use order
     for op, args in blk.ins:
@@ -512,7 +531,7 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
     if copy_in:
         tb += [f"if l0 + {TW} <= L:", *["    " + x for x in copy_in],
                "else:", f"    for j in range({TW}):", *["    " + x for x in clamped]]
-    tb += [f"for j in range({TW}):", *["    " + x for x in cvals + pr.lines + stores]]
+    tb += [f"for j in range({TW}):", *["    " + x for x in (cvals + pr.lines + stores or ["pass"])]]
     if tiled:
         tb += [f"ob = t * {P} * w", f"for a in range({nout}):", "    for j in range(m):",
                f"        out[ob + (a + {a0}) * w + j] = S[({nin} + a) * {TW} + j]"]
@@ -528,6 +547,26 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
             f"    tile_{name}(u, f, h, cix, out, L, w, t, S)"]
     loop = f"for it in range((nt + {_TILES_PER_ITEM - 1}) // {_TILES_PER_ITEM}):"
     return tile_fn + _variants(name, "u, f, h, cix, out, L", loop, pre, body), len(pr.lines), pr.hoisted
+
+
+def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, empty) -> tuple:
+    """A cell chunk writing lanes-fastest ``out[k*L + l]`` (band slab, right-
+    hand side, an untiled plan with its ``empty`` slots zeroed), one lane per
+    iteration: measured faster than tiles for these few-flop-per-store
+    outputs (no scratch copies)."""
+    ncd = len(doc.layout.cell_shape)
+    dimvars = [f"c{d}" for d in range(ncd)]
+    pre = [f"c{d} = float(cix[{d} * L + l])" for d in range(ncd) if _uses_idx(blk, d)]
+    pr = _Printer(blk, "v", lambda src, s: f"{src}[{s} * L + l]", dimvars, _hint(doc, names))
+    pr.run()
+    hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
+    body = pre + pr.lines + [f"out[{k} * L + l] = 0.0" for k in empty]
+    seen: set = set()
+    for (target, _), vals, i in taken:
+        body.append(f"out[{i} * L + l] {'+=' if i in seen else '='} {pr.ref(vals[0])}{_what(doc, target)}")
+        seen.add(i)
+    return (_variants(name, "u, f, h, cix, out, L", "for l in range(L):", hv, body),
+            len(pr.lines), pr.hoisted)
 
 
 def _literal_chunk(name: str, blk: Block, taken: list, doc, dest, zeros, names: _Names) -> tuple:

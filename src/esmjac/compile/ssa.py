@@ -198,13 +198,28 @@ class Lowering:
             # the per-point work is only what varies. Order kept otherwise.
             uni = [a for a in x.args if self._is_uniform(a)]
             if 1 <= len(uni) < len(x.args) and (len(uni) > 1 or o == "*"):
-                h = self._hoist(blk, node(o, uni) if len(uni) > 1 else uni[0])
                 rest = [v for a, v in zip(x.args, vals) if not self._is_uniform(a)]
                 if o == "*":
-                    # Varying factors first, in value order: k1*A*B, -k1*B*A
-                    # share A*B (a reaction's concentration product) across
-                    # the species it moves.
-                    return blk.emit("*", _fold(blk, o, sorted(rest)), h) if rest else h
+                    # A sign in the stoichiometry (±1 · k · A·B) is not
+                    # multiplied into the hoisted rate constant: k·A·B is one
+                    # value shared by every species the reaction moves, and
+                    # the sign becomes a subtraction in the species' sum
+                    # (exact: (-k)·y == -(k·y), a + (-y) == a - y).
+                    c = 1.0
+                    for a in uni:
+                        if is_lit(a):
+                            c *= float(a)
+                    others = [a for a in uni if not is_lit(a)]
+                    sign = 1.0
+                    if others and c < 0.0:
+                        sign = -1.0
+                        uni = others if c == -1.0 else [-c] + others
+                    h = self._hoist(blk, node(o, uni) if len(uni) > 1 else uni[0])
+                    # Varying factors first, in value order: k1*A*B, k1*B*A
+                    # share A*B (a reaction's concentration product).
+                    v = blk.emit("*", _fold(blk, o, sorted(rest)), h) if rest else h
+                    return blk.emit("neg", v) if sign == -1.0 else v
+                h = self._hoist(blk, node(o, uni) if len(uni) > 1 else uni[0])
                 return _fold(blk, o, [h] + rest)
         if o == "+":
             return _fold(blk, "+", vals) if vals else blk.emit("const", 0.0)
@@ -312,9 +327,14 @@ def _table(v) -> tuple:
 
 
 def _fold(blk: Block, o: str, vals: list) -> int:
+    """Left fold of an n-ary operation; in a sum ``a + (-y)`` is ``a - y``
+    (exact)."""
     acc = vals[0]
     for v in vals[1:]:
-        acc = blk.emit(o, acc, v)
+        if o == "+" and blk.ins[v][0] == "neg":
+            acc = blk.emit("-", acc, blk.ins[v][1][0])
+        else:
+            acc = blk.emit(o, acc, v)
     return acc
 
 

@@ -52,6 +52,9 @@ _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 #: 15-species mechanism, 2-8 ms per call on 2 threads vs 7-30 µs on one).
 SERIAL_BELOW = 20000
 
+_NO_SLOTS = np.zeros(0, np.int64)
+_NO_SLOTS.setflags(write=False)
+
 
 def _one_thread() -> bool:
     import numba
@@ -255,8 +258,9 @@ class _Base:
         if kern.engine == "tape":
             from ..compile.tape import run_tape
             pro, body = kern.tapes
-            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg)
-            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg)
+            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
+                     0, 0, lanes, _NO_SLOTS)
             return
         mod = kern.module()
         mod.prologue(p, float(t), h)
@@ -576,7 +580,7 @@ class JacobianProgram(_Base):
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
         with _Serial(u.shape[0]):
-            if not ws.keep_slab and plan.kind == "lane" and self.kernel.engine == "codegen":
+            if not ws.keep_slab and plan.kind == "lane" and (self.kernel.engine == "codegen" or plan.tiled):
                 self._run_fused(plan, u, pv, t, f, out, ws, L)
                 ws.last_dtype = None
             else:
@@ -609,7 +613,28 @@ class JacobianProgram(_Base):
             plan._cache["fused_kernel"] = k
         return k
 
+    def _fused_tape(self, plan) -> tuple:
+        """The tape engine's direct-write body for a tiled plan (slot stores,
+        cached on the plan) and the slots no band reaches."""
+        k = plan._cache.get("fused_tape")
+        if k is None:
+            from ..compile.codegen import tape_program
+            pro, body, _ = run_deep(tape_program, self.doc, [int(a) for a in plan.arrays["fa"]])
+            zs = np.ascontiguousarray(plan.arrays["za"], dtype=np.int64)
+            zs.setflags(write=False)
+            k = plan._cache["fused_tape"] = (pro, body, zs)
+        return k
+
     def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
+        if self.kernel.engine == "tape":
+            from ..compile.tape import run_tape
+            pro, body, zs = self._fused_tape(plan)
+            h = ws.h
+            run_tape(pro.code, pro.consts, u, f, p, float(t), h, ws.cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            W = plan.tile_width(L)
+            run_tape(body.code, body.consts, u, f, p, float(t), h, ws.cix, out, L, body.nreg,
+                     W, int(plan.info["slots_per_lane"]), plan.capacity(L), zs)
+            return
         kern = self._fused_kernel(plan)
         mod = kern.module()
         h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
