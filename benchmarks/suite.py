@@ -1,4 +1,4 @@
-"""The benchmark suite of DESIGN §10: ``esmjac bench`` / ``benchmarks/run.py``.
+"""The benchmark suite of docs/design.rst §10: ``esmjac bench`` / ``benchmarks/run.py``.
 
 One run measures, side by side on the same model, point and machine:
 
@@ -71,7 +71,7 @@ TRANSPORT = {"adv_interior": {"x": 10_000}, "flux_form_adv": {"x": 10_000, "xe":
 E2E_CELLS = 256
 E2E_T_END = 6 * 3600.0
 E2E_RTOL, E2E_ATOL = 1e-5, 1e-2          # molec cm^-3 (1e2 .. 1e19)
-DESIGN_CASADI_272 = 4.8e-6               # DESIGN §10: CasADi C route, 272 species, s per cell
+DESIGN_CASADI_272 = 4.8e-6               # docs/design.rst §10: CasADi C route, 272 species, s per cell
 
 SECTIONS = ("chem", "transport", "apply", "peers", "build", "e2e")
 
@@ -1183,7 +1183,7 @@ class Bench:
             else:
                 x = DESIGN_CASADI_272 / b["per_lane_s"]
                 line("T1", x >= 1.0, f"large mechanism ({b['model']}): eval_into {b['per_lane_s'] * 1e6:.2f} µs/cell "
-                     f"vs DESIGN's CasADi figure {DESIGN_CASADI_272 * 1e6:.1f} µs/cell at 272 species "
+                     f"vs the design's CasADi figure {DESIGN_CASADI_272 * 1e6:.1f} µs/cell at 272 species "
                      f"(not measured in this run) -> {x:.2f}x")
         # T2
         t2 = [r for r in self.find(method="esmjac.eval_into", threads=1) if r["bench"] in ("B1", "B2")
@@ -1389,7 +1389,7 @@ class Bench:
                          [[e.get("cpu"), e.get("cores"), e.get("numba_threads"), f"{e.get('memory_gib')} GiB",
                            e.get("load_start"), e.get("load_end"), e.get("platform")]]), "",
                "## Versions", "", _md_table(list(v), [list(v.values())]), "",
-               "## Targets (DESIGN §10)", "", "```"]
+               "## Targets (docs/design.rst §10)", "", "```"]
         out += [f"{t['target']} {t['status']:4s} {t['text']}" for t in self.targets]
         out += ["```", ""]
 
@@ -1731,7 +1731,7 @@ def run_args(args, cmdline: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="benchmarks/run.py", description="esmjac benchmark suite (DESIGN §10)")
+    ap = argparse.ArgumentParser(prog="benchmarks/run.py", description="esmjac benchmark suite (docs/design.rst §10)")
     add_arguments(ap)
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv

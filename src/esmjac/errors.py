@@ -5,7 +5,10 @@ Every refusal esmjac makes is a :class:`JacError` whose ``code`` is one of
 """
 from __future__ import annotations
 
-__all__ = ["JacError", "CODES"]
+import functools
+from typing import Any, Callable
+
+__all__ = ["JacError", "CODES", "typed_errors"]
 
 #: Stable error codes and what each means.
 CODES: dict[str, str] = {
@@ -22,6 +25,9 @@ CODES: dict[str, str] = {
     "foreign_layout": "a plan or workspace from a different build",
     "nonuniform_pattern": "a per-cell pattern differs between cells",
     "evaluation_error": "a coefficient could not be evaluated at a point",
+    "invalid_document": "a loaded document describes an invalid model (the message names the equation or variable)",
+    "cache_error": "the on-disk cache folder cannot be used (the message names the path and the fix)",
+    "internal_error": "an unexpected failure inside esmjac (a bug: report it with the traceback, `--debug`)",
     "adapter_unavailable": "the solver adapter for a kind is installed but cannot be used here",
 }
 
@@ -38,3 +44,25 @@ class JacError(Exception):
 
     def __reduce__(self):
         return (JacError, (self.code, self.message))
+
+
+def typed_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a public entry point (build, assemble, check) so that every
+    exception leaving it is a :class:`JacError`: refusals pass through, an
+    exhausted resource or anything unexpected becomes ``internal_error``
+    naming what failed (the original stays attached as ``__cause__``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except JacError:
+            raise
+        except MemoryError as exc:
+            raise JacError("internal_error", f"{fn.__qualname__} ran out of memory ({exc or 'MemoryError'}); "
+                           "the model is too large for this machine") from exc
+        except Exception as exc:
+            raise JacError("internal_error", f"{fn.__qualname__} failed unexpectedly: "
+                           f"{type(exc).__name__}: {exc}") from exc
+
+    return wrapper

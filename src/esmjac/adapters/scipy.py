@@ -41,8 +41,10 @@ def _programs(source, model, build_options):
     """(RhsProgram, JacobianProgram wrt states, Csr plan) of ``source``."""
     from ..layouts.types import Csr
     from ..runtime.programs import JacobianProgram, RhsProgram
-    r = RhsProgram.build(source, model, options=build_options)
+    # The Jacobian first: a model the calculus refuses is refused with the
+    # same code (underivable_operator...) as ``esmjac bands`` gives it.
     j = JacobianProgram.build(source, model, "states", options=build_options)
+    r = RhsProgram.build(source, model, options=build_options)
     plan = j.plan(Csr(), source=r)
     return r, j, plan
 
@@ -63,7 +65,12 @@ def _element_index(layout, names: tuple, key: str, what: str) -> list:
         offs[n] = off
         off += layout.size(n)
     if base not in offs:
-        raise JacError("bad_argument", f"unknown {what} `{key}`; known: {', '.join(names)}")
+        hint = ""
+        if base in getattr(layout, "forcing", ()) and what != "forcing":
+            hint = f" (`{base}` is a per-cell parameter: pass it in forcing=)"
+        elif base in getattr(layout, "params", ()) and what == "forcing":
+            hint = f" (`{base}` is a scalar parameter: pass it in p=)"
+        raise JacError("bad_argument", f"unknown {what} `{key}`{hint}; known: {', '.join(names)}")
     shape = layout.shapes.get(base, ())
     if not rest:
         return list(range(offs[base], offs[base] + layout.size(base)))
@@ -103,9 +110,35 @@ def _fill(base: np.ndarray | None, layout, names: tuple, value, n: int, what: st
     return arr.copy()
 
 
+def _route_cell_parameters(lay, p, forcing):
+    """Per-cell parameters are forcing fields of the programs (one value per
+    cell); a ``p=`` dict naming one is moved to ``forcing=`` (the same
+    override, where the programs take it). A full ``forcing`` vector beside
+    such a key is ambiguous and refused."""
+    if not isinstance(p, dict):
+        return p, forcing
+    moved = {k: v for k, v in p.items() if _key(lay, str(k)).partition("[")[0] in lay.forcing}
+    if not moved:
+        return p, forcing
+    if forcing is not None and not isinstance(forcing, dict):
+        raise JacError("bad_argument",
+                       f"{', '.join(map(str, moved))}: per-cell parameter(s) given in p= while forcing= "
+                       "is a full vector; put them in that vector (they are forcing fields) or pass "
+                       "forcing as a dict")
+    both = set(moved) & set(forcing or {})
+    if both:
+        raise JacError("bad_argument", f"{', '.join(sorted(map(str, both)))} given in both p= and forcing=")
+    return ({k: v for k, v in p.items() if k not in moved}, {**(forcing or {}), **moved})
+
+
 def _inputs(r, y0, p, forcing) -> tuple:
-    """(y0, p, forcing) flat float64 vectors (forcing None when the model has none)."""
+    """(y0, p, forcing) flat float64 vectors (forcing None when the model has none).
+
+    ``p`` may name per-cell parameters (shape ``[cell]``): they are forcing
+    fields of the compiled programs and go there (an array of one value per
+    cell, or a scalar for all)."""
     lay = r.layout
+    p, forcing = _route_cell_parameters(lay, p, forcing)
     y = _fill(r.u0, lay, lay.states, y0, r.u_size(r.cells if r.kind == "cell" else 1), "initial state")
     pv = _fill(r.p0, lay, lay.params, p, len(lay.params), "parameter vector")
     nf = r.f_size(r.cells if r.kind == "cell" else 1)

@@ -11,7 +11,7 @@ their species (``O3 = S[2*16 + j]``), parameters after themselves
 derivative it is (``# ∂HO2/∂NO``).
 
 A tiled plan's chunks (``fl<chunk>``, direct writes) run over *tiles* of
-``W`` lanes (DESIGN §4): per tile the lanes' inputs are copied into a small
+``W`` lanes (docs/design.rst §4): per tile the lanes' inputs are copied into a small
 scratch ``S`` (clamped: padding lanes read the last real lane), the body runs
 as one ``for j in range(W)`` loop whose reads and writes all address ``S`` at
 literal offsets, so LLVM proves them independent and vectorizes it without

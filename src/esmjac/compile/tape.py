@@ -11,7 +11,7 @@ so dispatch is amortized over :data:`CHUNK` lanes. Cell programs only
 
 Stores go lanes-fastest (``out[a*L + l]``: the band slab, the right-hand
 side; ``W = 0``) or straight into a tiled plan's slots (``W > 0``: slot
-``a`` of lane ``l`` at ``((l // W)*P + a)*W + l % W``, DESIGN §4), for all
+``a`` of lane ``l`` at ``((l // W)*P + a)*W + l % W``, docs/design.rst §4), for all
 ``C`` stored lanes (``C`` ≥ ``L``: padding lanes read the last lane), with
 the slots ``zslots`` no band reaches written as zero.
 """

@@ -1,5 +1,5 @@
 """Scatter plans: the checked map from a program's band slab to a storage
-layout (DESIGN §4–§6).
+layout (docs/design.rst §4–§6).
 
 A plan is a *gather*: every output slot lists the slab entries that sum
 into it, in plan order (band order, then point order), so accumulation is
@@ -309,7 +309,7 @@ def _ro(d: dict) -> dict:
 
 
 def build_plan(prog, layout, source=None) -> ScatterPlan:
-    """Build and check a plan of ``prog`` for ``layout`` (DESIGN §5–§6)."""
+    """Build and check a plan of ``prog`` for ``layout`` (docs/design.rst §5–§6)."""
     if source is not None:
         _check_source(prog, source)
     if isinstance(layout, (LaneBlocks, LaneSparseBlocks)):

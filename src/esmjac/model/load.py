@@ -1,4 +1,4 @@
-"""The earthsci-ast boundary, and the catch-up items of DESIGN §3.
+"""The earthsci-ast boundary, and the catch-up items of docs/design.rst §3.
 
 Loading, schema validation, template expansion, coupling and flattening are
 earthsci-ast's job; this module only calls it and converts what comes back
@@ -135,7 +135,15 @@ def _resolve_shape(shape, sizes: dict, name: str) -> tuple:
 
 
 def load_view(source: Any, model: str | None = None) -> SystemView:
-    """Load ``source`` and view the model to differentiate (see module doc)."""
+    """Load ``source`` and view the model to differentiate (see module doc);
+    malformed models are refused by :func:`esmjac.model.validate.validate_view`."""
+    from .validate import validate_view
+    view = _load_view(source, model)
+    validate_view(view)
+    return view
+
+
+def _load_view(source: Any, model: str | None = None) -> SystemView:
     from earthsci_ast.flatten import FlattenedSystem
 
     f = load_file(source)

@@ -6,7 +6,7 @@ evaluation document, generated kernel source (imported from the on-disk
 cache) and read-only index arrays. All mutable scratch (band slab, hoisted
 values, the lane→cell map) lives in a :class:`JacWorkspace`, one per thread.
 
-Lane layout (DESIGN §4): a ``cell`` program stores states species-major with
+Lane layout (docs/design.rst §4): a ``cell`` program stores states species-major with
 lanes fastest, ``u[s*L + l]``; with ``L`` = number of cells this is exactly
 ``earthsci_ast.evaluate_rhs``'s flat order (variables in declaration order,
 elements row-major). A ``global`` program has one lane: ``u`` is that flat
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,7 +27,8 @@ from ..model.deep import run_deep
 from ..calculus.bandset import BandSet, check_options
 from ..compile import content_hash, generate, load_source
 from ..compile.cache import cache_dir
-from ..errors import JacError
+from ..errors import JacError, typed_errors
+from . import checks as _checks
 from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
 from ..model.load import SystemView, load_view
 from ..reference.oracle import element_names
@@ -43,7 +43,7 @@ PROGRAM_OPTIONS = {
     "engine": "auto",         # "codegen" | "tape" | "auto" (tape for large cell programs)
     "tape_above": 1500,       # auto: statements above which a cell program is taped
     "cache": True,            # reuse whole build products from the on-disk cache
-    "progress": False,        # print build stages to stderr
+    "progress": None,         # build stages: None = a bar on a terminal (runtime.progress), True, False
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -86,27 +86,9 @@ class _Serial:
 
 # ------------------------------------------------------------------ helpers
 
-def _source_key(source: Any, model, extra: str) -> str | None:
-    """A content key of the input document, or None when not hashable."""
-    if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
-        try:
-            data = open(source, "rb").read()
-        except OSError:
-            return None
-    elif isinstance(source, str):
-        data = source.encode()
-    elif isinstance(source, dict):
-        import json
-        data = json.dumps(source, sort_keys=True).encode()
-    else:
-        return None
-    return hashlib.sha256(data + f"\0{model}\0{extra}".encode()).hexdigest()
-
-
-def _stage(opts, msg: str, t0: float) -> None:
-    if opts.get("progress"):
-        import sys
-        print(f"[esmjac] {msg} ({time.perf_counter() - t0:.2f} s)", file=sys.stderr, flush=True)
+def _stage(opts, msg: str, t0: float, kind: str = "jac") -> None:
+    from .progress import stage
+    stage(opts, kind, msg, t0)
 
 
 def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
@@ -127,29 +109,12 @@ def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
     return out
 
 
-def _check_vec(name: str, x, n: int, dtype=None) -> np.ndarray:
-    if not isinstance(x, np.ndarray):
-        raise JacError("bad_argument", f"`{name}` must be a NumPy array, got {type(x).__name__}")
-    if x.ndim != 1:
-        raise JacError("bad_argument", f"`{name}` must be 1-D (flat lane layout), got shape {x.shape}")
-    if dtype is not None and x.dtype != dtype:
-        raise JacError("bad_argument", f"`{name}` has dtype {x.dtype}; this call needs {np.dtype(dtype)}")
-    if x.dtype not in _DTYPES:
-        raise JacError("bad_argument", f"`{name}` has dtype {x.dtype}; use float64 or float32")
-    if not x.flags.c_contiguous:
-        raise JacError("bad_argument", f"`{name}` is not contiguous; pass np.ascontiguousarray({name})")
-    if x.shape[0] != n:
-        raise JacError("bad_argument", f"`{name}` has length {x.shape[0]}; expected {n}")
-    return x
+def _check_vec(name: str, x, n: int, dtype=None, *, out: bool = False) -> np.ndarray:
+    return _checks.vector(name, x, n, dtype, out=out)
 
 
 def _params(p, n: int) -> np.ndarray:
-    if p is None:
-        raise JacError("bad_argument", "`p` is required (the program's parameter vector, see .param_names)")
-    a = np.ascontiguousarray(np.asarray(p, dtype=np.float64))
-    if a.ndim != 1 or a.shape[0] != n:
-        raise JacError("bad_argument", f"`p` must have {n} entries (scalar parameters in declaration order)")
-    return a
+    return _checks.params(p, n)
 
 
 def _defaults(view: SystemView, lay: ModelLayout) -> tuple:
@@ -301,27 +266,57 @@ class _Base:
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
-    """Whole-build cache: (key → pickled product) for hashable sources."""
-    key = None
+    """Whole-build cache (compile/cache.py): verified JSON + npz products
+    for keyable sources; kernels, index arrays and fingerprints are rebuilt
+    from the decoded document (:func:`_revive`), never read from disk."""
+    from ..compile.cache import document_key, load_product, store_product
+    keyed = None
     if opts["cache"]:
-        from .. import __version__
-        import numba
-        from ..compile.cache import code_version
-        key = _source_key(source, model, f"{code_version()}|{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
-                                         f"{__version__}|{numba.__version__}")
-    path = cache_dir() / f"b{key[:40]}.pkl" if key else None
-    if path is not None and path.exists():
-        try:
-            with open(path, "rb") as fh:
-                return pickle.load(fh)
-        except Exception:
-            pass
+        keyed = document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
+                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]))
+    if keyed is not None:
+        obj = load_product(keyed[0], _product_types())
+        if obj is not None:
+            try:
+                return _revive(obj, opts)
+            except Exception as exc:     # a product that does not revive is a miss
+                import logging
+                logging.getLogger("esmjac.cache").warning(
+                    "esmjac cache: stored build does not match its document (%s); rebuilding", exc)
     obj = make()
-    if path is not None:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+    if keyed is not None:
+        store_product(keyed[0], obj, keyed[1], _product_types(), _PRODUCT_SKIP)
+    return obj
+
+
+#: Fields never read back from a stored product: generated code and index
+#: arrays are regenerated from the decoded document (see :func:`_revive`).
+_PRODUCT_SKIP = {"_Kernel": ("source", "tapes"), "JacobianProgram": ("meta",)}
+
+
+def _product_types() -> dict:
+    from ..calculus import JacEntry
+    from ..calculus.bands import Band
+    from ..compile.evaldoc import Field
+    return {c.__name__: c for c in (JacobianProgram, RhsProgram, _Kernel, EvalDoc, ModelLayout, Field,
+                                    JacEntry, Band)}
+
+
+def _revive(obj, opts: dict):
+    """Regenerate a decoded product's kernel (checked against the stored
+    content hash), index arrays and fingerprint."""
+    if not isinstance(obj, (JacobianProgram, RhsProgram)) or not isinstance(obj.doc, EvalDoc):
+        raise ValueError("not a program")
+    stored = obj.kernel
+    kern = _compile(obj.doc, {**opts, "engine": stored.engine})
+    if kern.key != stored.key:
+        raise ValueError("the regenerated kernel differs from the stored one")
+    object.__setattr__(obj, "kernel", kern)
+    if isinstance(obj, JacobianProgram):
+        object.__setattr__(obj, "meta", _field_meta(obj.doc, obj.layout, obj.col_vars, obj.col_base))
+        fp = hashlib.sha256((kern.key + obj.doc.to_json()).encode()).hexdigest()
+        if fp != obj.fingerprint:
+            raise ValueError("fingerprint mismatch")
     return obj
 
 
@@ -346,6 +341,7 @@ class RhsProgram(_Base):
     build_seconds: float = 0.0
 
     @classmethod
+    @typed_errors
     def build(cls, source: Any, model: str | None = None, *, options: dict | None = None) -> "RhsProgram":
         opts = check_options(options, PROGRAM_OPTIONS)
         _backend(opts)
@@ -355,9 +351,10 @@ class RhsProgram(_Base):
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
             lay = model_layout(view)
             doc = rhs_doc(view, lay)
-            _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0)
+            _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
             kern = _compile(doc, opts)
-            _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
+            _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements",
+                   t0, "rhs")
             u0, p0, f0 = _defaults(view, lay)
             return cls(doc, lay, doc.kind, tuple(element_names(view, list(lay.states))),
                        lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
@@ -365,6 +362,8 @@ class RhsProgram(_Base):
 
         prog = _build_doc_cached("rhs", source, model, None, opts, make)
         prog._warm(prog.u_size(1))
+        from .progress import done
+        done(opts, "rhs", t0)
         object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
         return prog
 
@@ -380,38 +379,79 @@ class RhsProgram(_Base):
         cix = lane_cells(self.layout.cell_shape, self.cells) if self.kind == "cell" else np.zeros(1, np.int64)
         return cix
 
+    @cached_property
+    def _owner(self) -> str:
+        """Identity of this program's kernels: scratch made for it carries it."""
+        return hashlib.sha256((self.kernel.key + self.layout_fingerprint).encode()).hexdigest()
+
     def new_buffers(self, lanes: int | None = None):
-        lanes = lanes or (self.cells if self.kind == "cell" else 1)
-        cix = self._default_cix if lanes == (self.cells if self.kind == "cell" else 1) else \
-            lane_cells(self.layout.cell_shape, lanes)
-        return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix)
+        """Scratch for one thread (``lanes`` ≥ 1; default: one lane per cell)."""
+        default = self.cells if self.kind == "cell" else 1
+        if lanes is None:
+            lanes = default
+        if self.kind == "global" and lanes != 1:
+            raise JacError("bad_argument", "a global-lane program has exactly one lane")
+        lanes = _checks.lanes(lanes, 8 * (3 * len(self.layout.cell_shape) + 2), "scratch")
+        cix = self._default_cix if lanes == default else lane_cells(self.layout.cell_shape, lanes)
+        return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix, self._owner)
 
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   scratch: "_RhsScratch | None" = None) -> np.ndarray:
-        """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype."""
-        lanes = scratch.lanes if scratch is not None else (self.cells if self.kind == "cell" else 1)
+        """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype.
+
+        ``out`` must not share memory with ``u``, ``p`` or ``forcing``
+        (refused: ``bad_argument``). A non-finite value computed from finite
+        inputs is an ``evaluation_error`` naming the element."""
+        from . import kernels as K
+        if scratch is None:
+            sc = self.new_buffers()
+        else:
+            sc = scratch
+            _checks.workspace(sc, self._owner, "scratch", self.kernel.n_hoist,
+                              self.layout.cell_shape if self.kind == "cell" else None)
+        lanes = sc.lanes
+        t = _checks.time(t)
         _check_vec("u", u, self.u_size(lanes))
-        _check_vec("out", out, self.u_size(lanes), u.dtype)
+        _check_vec("out", out, self.u_size(lanes), u.dtype, out=True)
+        _checks.disjoint({"out": out}, {"u": u, "p": p, "forcing": forcing, "scratch": sc.h})
         p = _params(p, len(self.param_names))
         f = self._forcing(forcing, lanes, u.dtype)
-        sc = scratch or self.new_buffers(lanes)
         if self.kind == "global":
             out[:] = 0
         with _Serial(u.shape[0]):
             self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
+            bad = K.count_nonfinite(out)
+        if bad:
+            _checks.report_nonfinite(out, (u, p, f), t, "right-hand side", self._element_name(lanes))
         return out
 
+    def _element_name(self, lanes: int):
+        def name(i: int) -> str:
+            if self.kind == "cell" and lanes != self.cells:
+                return f"{self.layout.states[i // lanes]} at lane {i % lanes}"
+            return self.names[i]
+        return name
+
     def __call__(self, t: float, y: np.ndarray, p=None, forcing=None) -> np.ndarray:
-        """``f(t, y)`` with the document's parameter defaults (solver style)."""
+        """``f(t, y)`` with the document's parameter defaults (solver style).
+
+        A user-facing callable: ``y`` may be any float array view (SciPy's
+        finite differences pass column views); it is copied to a contiguous
+        vector when needed. ``eval_into`` itself stays strict."""
+        if isinstance(y, np.ndarray) and y.dtype in _DTYPES and y.ndim == 1:
+            y = np.ascontiguousarray(y)
         out = np.empty_like(y)
         return self.eval_into(y, self.p0 if p is None else p, t, forcing, out)
 
 
 @dataclass
 class _RhsScratch:
+    """Per-thread scratch of one RhsProgram (``owner``: the program's identity)."""
+
     lanes: int
     h: np.ndarray
     cix: np.ndarray
+    owner: str = ""
 
 
 def _layout_fp(lay: ModelLayout, kind: str) -> str:
@@ -488,6 +528,7 @@ class JacobianProgram(_Base):
     build_seconds: float = 0.0
 
     @classmethod
+    @typed_errors
     def build(cls, source: Any, model: str | None = None, wrt: str = "states",
               options: dict | None = None) -> "JacobianProgram":
         opts = check_options(options, PROGRAM_OPTIONS)
@@ -503,7 +544,7 @@ class JacobianProgram(_Base):
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
             kern = _compile(doc, opts)
-            _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
+            _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
             cvars, cbase, ncols = _colspace(lay, wrt)
             meta = _field_meta(doc, lay, cvars, cbase)
             u0, p0, f0 = _defaults(view, lay)
@@ -514,6 +555,8 @@ class JacobianProgram(_Base):
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
         prog._warm(prog.slab_size(1))
+        from .progress import done
+        done(opts, "jac", t0)
         object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
         return prog
 
@@ -535,14 +578,14 @@ class JacobianProgram(_Base):
         also keeps the band slab of each ``eval_into`` (a snapshot of the
         band values) for ``apply``/``apply_transpose`` on this workspace."""
         if self.kind == "global":
-            if lanes not in (None, 1):
+            if lanes is not None and (isinstance(lanes, bool) or lanes != 1):
                 raise JacError("bad_argument", "a global-lane program has exactly one lane")
             lanes = 1
             cix = np.zeros(1, np.int64)
         else:
-            lanes = self.cells if lanes is None else int(lanes)
-            if lanes < 1:
-                raise JacError("bad_argument", "lanes must be >= 1")
+            # slab (float64, plus float32 when used) + lane map and its temporaries
+            per_lane = 12 * self.n_fields + 8 * (3 * len(self.layout.cell_shape) + 2)
+            lanes = _checks.lanes(self.cells if lanes is None else lanes, per_lane)
             cix = lane_cells(self.layout.cell_shape, lanes)
         return JacWorkspace(self.fingerprint, lanes, cix, np.zeros(max(self.kernel.n_hoist, 1)),
                             keep_slab=bool(keep_slab))
@@ -555,8 +598,8 @@ class JacobianProgram(_Base):
     def _check_ws(self, ws) -> None:
         if not isinstance(ws, JacWorkspace):
             raise JacError("bad_argument", f"expected a JacWorkspace, got {type(ws).__name__}")
-        if ws.owner != self.fingerprint:
-            raise JacError("bad_argument", "this workspace belongs to another JacobianProgram")
+        _checks.workspace(ws, self.fingerprint, "workspace", self.kernel.n_hoist,
+                          self.layout.cell_shape if self.kind == "cell" else None)
 
     def _check_plan(self, plan) -> None:
         from ..layouts.plans import ScatterPlan
@@ -567,16 +610,21 @@ class JacobianProgram(_Base):
 
     def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   ws: JacWorkspace) -> np.ndarray:
-        """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing)."""
+        """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing).
+
+        ``out`` must not share memory with ``u``, ``p``, ``forcing`` or the
+        workspace (refused: ``bad_argument``). The point is copied into the
+        workspace, so changing ``u`` afterwards does not change ``contract``."""
         from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         L = ws.lanes
         plan.check_lanes(L)
+        t = _checks.time(t)
         _check_vec("u", u, self.u_size(L))
-        _check_vec("out", out, plan.out_size(L), u.dtype)
-        if not out.flags.writeable:
-            raise JacError("bad_argument", "`out` is read-only")
+        _check_vec("out", out, plan.out_size(L), u.dtype, out=True)
+        _checks.disjoint({"out": out}, {"u": u, "p": p, "forcing": forcing, "workspace h": ws.h,
+                                        "workspace lane map": ws.cix})
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
         with _Serial(u.shape[0]):
@@ -591,9 +639,9 @@ class JacobianProgram(_Base):
             bad = K.count_nonfinite(out)
         ws.last_plan = plan.fingerprint
         ws.second.pop("state", None)
-        ws.second["point"] = (u, pv, float(t), f)
+        ws.second["point"] = (u.copy(), pv, t, f.copy())
         if bad:
-            _report_nonfinite(out, (u, pv, f), "Jacobian")
+            _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
 
     def _fused_kernel(self, plan) -> _Kernel:
@@ -652,14 +700,16 @@ class JacobianProgram(_Base):
         return ws.slabs[ws.last_dtype]
 
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``y += J v`` from the band slab of the last ``eval_into``."""
+        """``y += J v`` from the band slab of the last ``eval_into``
+        (``y`` sharing memory with ``v`` is refused: ``bad_argument``)."""
         from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         B = self._slab_of(ws)
         L = ws.lanes
         _check_vec("v", v, self.col_size(L))
-        _check_vec("y", y, self.u_size(L))
+        _check_vec("y", y, self.u_size(L), out=True)
+        _checks.disjoint({"y": y}, {"v": v, "workspace slab": B})
         m = self.meta
         with _Serial(y.shape[0]):
             if self.kind == "cell":
@@ -670,14 +720,16 @@ class JacobianProgram(_Base):
 
     def apply_transpose(self, plan, ws: JacWorkspace, lam: np.ndarray, gbar: np.ndarray) -> np.ndarray:
         """``gbar += Jᵀ lam`` (float64 accumulation; a gather over the
-        transposed plan: each column is owned by one iteration)."""
+        transposed plan: each column is owned by one iteration). ``gbar``
+        sharing memory with ``lam`` is refused (``bad_argument``)."""
         from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         B = self._slab_of(ws)
         L = ws.lanes
         _check_vec("lam", lam, self.u_size(L))
-        _check_vec("gbar", gbar, self.col_size(L), np.float64)
+        _check_vec("gbar", gbar, self.col_size(L), np.float64, out=True)
+        _checks.disjoint({"gbar": gbar}, {"lam": lam, "workspace slab": B})
         m = self.meta
         with _Serial(lam.shape[0]):
             if self.kind == "cell":
@@ -698,19 +750,11 @@ class JacobianProgram(_Base):
 
     def contract(self, plan, ws2: JacWorkspace, lam: np.ndarray, v: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out = Σᵢ λᵢ ∂²fᵢ/∂u∂u · v`` at the point of the last ``eval_into``
-        on ``ws2`` (second-order bands, built on first use)."""
+        on ``ws2`` (second-order bands, built on first use; that point was
+        copied, so later changes to ``u`` do not matter). ``out`` sharing
+        memory with ``lam`` or ``v`` is refused (``bad_argument``)."""
         from .second import contract
         return contract(self, plan, ws2, lam, v, out)
-
-
-def _report_nonfinite(out, inputs, what: str) -> None:
-    from . import kernels as K
-    if any(x.size and K.count_nonfinite(np.ascontiguousarray(x)) for x in inputs):
-        return                   # non-finite in, non-finite out: the caller's business
-    i = K.first_nonfinite(out)
-    raise JacError("evaluation_error",
-                   f"the {what} has a non-finite value at output position {i} although every input "
-                   "is finite (a singular coefficient such as 1/0 or log(0) at this point)")
 
 
 def _colspace(lay: ModelLayout, wrt: str) -> tuple:

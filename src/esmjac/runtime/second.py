@@ -64,7 +64,12 @@ def _build(prog) -> _Second:
         sidx = {n: s for s, n in enumerate(lay.states)}
         meta = {"row": np.array([sidx[f.row] for f in fields], np.int64),
                 "site": np.array([sidx[f.col] for f in fields], np.int64),
-                "pcol": np.array([sidx[doc.fields[k].col] for k in parent_of], np.int64)}
+                # the parent band's column: a state (wrt="states") or, for other
+                # programs, its column id (lane column c*L + l, or a scalar one)
+                "pcol": (np.array([sidx[doc.fields[k].col] for k in parent_of], np.int64)
+                         if prog.wrt == "states" else
+                         np.asarray(prog.meta["fcid"], np.int64)[parent_of]),
+                "plane": np.asarray(prog.meta["flane"], bool)[parent_of]}
     else:
         soff = lay.state_offsets()
         cbase = {s: soff[s] for s in lay.states}
@@ -93,7 +98,9 @@ def contract(prog, plan, ws2, lam: np.ndarray, v: np.ndarray, out: np.ndarray) -
     n = prog.u_size(L)
     _check_vec("lam", lam, n)
     _check_vec("v", v, n)
-    _check_vec("out", out, n, np.float64)
+    _check_vec("out", out, n, np.float64, out=True)
+    from . import checks
+    checks.disjoint({"out": out}, {"lam": lam, "v": v})
     s = second_order(prog)
     m = s.meta
     size = len(s.doc.fields) * L if prog.kind == "cell" else int(m["slab_size"])
