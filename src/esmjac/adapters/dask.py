@@ -246,8 +246,8 @@ def _start(block_info) -> int:
     return int(block_info[None]["array-location"][1][0])
 
 
-def _jac_ws(spec: _Spec, b: _Built, lanes: int, start: int, keep_slab: bool = False):
-    ws = _scratch(spec, ("jac", keep_slab), lanes, lambda: b.jac.new_workspace(lanes, keep_slab=keep_slab))
+def _jac_ws(spec: _Spec, b: _Built, lanes: int, start: int):
+    ws = _scratch(spec, "jac", lanes, lambda: b.jac.new_workspace(lanes))
     ws.cix = _cix(spec, start, lanes)
     return ws
 
@@ -286,7 +286,7 @@ def _apply_block(u, v, f, spec, p, t, threads, transpose, block_info=None):
     plan = b.plan(LaneSparseBlocks())
     w = u.shape[1]
     uu = _flat(u, u.dtype)
-    ws = _jac_ws(spec, b, w, _start(block_info), keep_slab=True)     # apply reads the band slab
+    ws = _jac_ws(spec, b, w, _start(block_info))
     jbuf = _scratch(spec, ("jbuf", u.dtype.str), w, lambda: np.zeros(plan.out_size(w), dtype=u.dtype))
     with _Threads(threads):
         b.jac.eval_into(plan, uu, p, t, _flat(f, u.dtype), jbuf, ws)

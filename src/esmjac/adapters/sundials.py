@@ -115,7 +115,7 @@ class _BlockPC:
             self.plan = j.plan(LaneBlocks(tile=None), source=r)   # lanes-fastest blocks (reshaped below)
             n, m = self.plan.info["block"]
             self.ns, self.N = int(n), int(j.cells)
-            self.ws = j.new_workspace(keep_slab=True)   # J·v (apply) reuses its band slab
+            self.ws = j.new_workspace()
             self.buf = np.empty(self.plan.out_size(self.ws.lanes))
             self.sel = None
         else:
@@ -136,7 +136,7 @@ class _BlockPC:
             keep = cr == cc
             self.sel = np.flatnonzero(keep)
             self.dest = (cr[keep] * self.ns + sr[keep]) * self.ns + sc[keep]
-            self.ws = j.new_workspace(keep_slab=True)   # J·v (apply) reuses its band slab
+            self.ws = j.new_workspace()
             self.buf = np.empty(plan_csr.out_size(self.ws.lanes))
         self.J = None
         self.Minv = None
@@ -192,7 +192,7 @@ class _BandedPC:
         P = np.empty((self.C, self.m), dtype=np.int64)
         P[lane, local] = e
         self.P = P
-        self.ws = j.new_workspace(keep_slab=True)   # J·v (apply) reuses its band slab
+        self.ws = j.new_workspace()
         self.buf = np.empty(self.plan.out_size(self.ws.lanes))
         self.AB = None
         self.lu = []
@@ -474,7 +474,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     rows, cols, n = _pattern(plan)
     linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
     st: dict = {"error": None, "scratch": r.new_buffers(), "scratch_user": r.new_buffers(),
-                "ws_dense": j.new_workspace(), "ws_jv": j.new_workspace(keep_slab=True), "ws_user": j.new_workspace()}
+                "ws_dense": j.new_workspace(), "ws_jv": j.new_workspace(), "ws_user": j.new_workspace()}
     st["dense_buf"] = np.empty(plan.out_size(st["ws_dense"].lanes))
     st["jv_buf"] = np.empty(plan.out_size(st["ws_jv"].lanes))
     st["user_buf"] = np.empty(plan.out_size(st["ws_user"].lanes))

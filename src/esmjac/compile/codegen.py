@@ -136,9 +136,11 @@ class _Printer:
             return _lit(args[0])
         raise AssertionError("value used before definition")
 
-    def run(self, upto: int | None = None) -> None:
+    def run(self, roots=None) -> None:
+        """Print every value (``roots=None``) or only those ``roots`` need."""
+        need = None if roots is None else _live(self.blk, roots)
         for v, (op, args) in enumerate(self.blk.ins):
-            if v in self.names or op == "const":
+            if v in self.names or op == "const" or (need is not None and v not in need):
                 continue
             if op == "hoist" and self.prefix != "w":
                 self.hoisted.add(args[0])
@@ -400,6 +402,31 @@ def _global_groups(doc) -> list:
     return list(groups.items())
 
 
+def _operands(op: str, args: tuple) -> tuple:
+    """The value ids an instruction reads (leaves carry immediates only)."""
+    if op in ("const", "hoist", "param", "time", "idx", "lane"):
+        return ()
+    if op == "gload":
+        return tuple(args[4:])
+    if op == "table":
+        return tuple(args[2:])
+    return tuple(args)
+
+
+def _live(blk: Block, roots) -> set:
+    """Values ``roots`` depend on (what a chunk prints; folding leaves dead
+    values behind, e.g. a ``-x`` absorbed into a subtraction)."""
+    need: set = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if v in need:
+            continue
+        need.add(v)
+        stack.extend(_operands(*blk.ins[v]))
+    return need
+
+
 def _prologue(blk: Block, hoisted: set, names: _Names, lay) -> list:
     """``h[j]`` for the uniform values the chunks read (parameters named after
     themselves; literals stay literals in the chunks)."""
@@ -408,7 +435,7 @@ def _prologue(blk: Block, hoisted: set, names: _Names, lay) -> list:
 
     pr = _Printer(blk, "w", None, [], hint)
     lines = ["@nb.njit(**_JIT)", "def prologue(p, t, h):"]
-    pr.run()
+    pr.run(hoisted)
     lines += ["    " + ln for ln in pr.lines]
     for v in sorted(hoisted):
         lines.append(f"    h[{v}] = {pr.ref(v)}")
@@ -467,7 +494,7 @@ def _chunk(name: str, blk: Block, taken: list, doc, dims, names: _Names) -> tupl
         q = "q" if st == 1 else f"(q // {st})"
         pre.append(f"d{d} = float({lo} + {q} % {n})" if d else f"d{d} = float({lo} + {q})")
     pr = _Printer(blk, "v", None, dimvars, _hint(doc, names))
-    pr.run()
+    pr.run([vals[0] for _, vals, _ in taken])
     # Uniform values into locals before the loop: inside it they would be
     # reloaded after every store (``out`` may alias ``h``).
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
@@ -487,12 +514,13 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
     """A cell chunk over tiles of ``TW`` lanes (module docstring): slots
     ``a0 ≤ k < a1`` of a tiled plan with ``P`` slots per lane."""
     lay = doc.layout
+    need = _live(blk, [vals[0] for _, vals, _ in taken])
     reads = []                                  # scratch sections of the inputs, first-use order
-    for op, args in blk.ins:
-        if op == "lane" and args not in reads:
+    for v, (op, args) in enumerate(blk.ins):
+        if op == "lane" and v in need and args not in reads:
             reads.append(args)
     ncd = len(lay.cell_shape)
-    cdims = [d for d in range(ncd) if _uses_idx(blk, d)]
+    cdims = [d for d in range(ncd) if any(blk.ins[v] == ("idx", (d,)) for v in need)]
     sec = {r: i for i, r in enumerate(reads)}
     nin = len(reads) + len(cdims)
     hint = _hint(doc, names)
@@ -501,7 +529,7 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
         return f"S[{sec[(src, s)]} * {TW} + j]"
 
     pr = _Printer(blk, "v", lane, [f"c{d}" for d in range(ncd)], hint)
-    pr.run()
+    pr.run([vals[0] for _, vals, _ in taken])
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
     first: set = set()
     stores = []
@@ -558,7 +586,7 @@ def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, empty) -
     dimvars = [f"c{d}" for d in range(ncd)]
     pre = [f"c{d} = float(cix[{d} * L + l])" for d in range(ncd) if _uses_idx(blk, d)]
     pr = _Printer(blk, "v", lambda src, s: f"{src}[{s} * L + l]", dimvars, _hint(doc, names))
-    pr.run()
+    pr.run([vals[0] for _, vals, _ in taken])
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
     body = pre + pr.lines + [f"out[{k} * L + l] = 0.0" for k in empty]
     seen: set = set()
@@ -576,7 +604,7 @@ def _literal_chunk(name: str, blk: Block, taken: list, doc, dest, zeros, names: 
     dimvars = [f"c{d}" for d in range(ncd)]
     pre = [f"c{d} = float(cix[{d} * L + l])" for d in range(ncd) if _uses_idx(blk, d)]
     pr = _Printer(blk, "v", lambda src, s: f"{src}[{s} * L + l]", dimvars, _hint(doc, names))
-    pr.run()
+    pr.run([vals[0] for _, vals, _ in taken])
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
     body = pre + pr.lines
     first = _first_of_pair(doc)

@@ -574,9 +574,10 @@ class JacobianProgram(_Base):
         """Scratch for one thread; ``lanes`` ≥ cells pads (cell programs).
 
         By default ``eval_into`` writes lane layouts directly, tile by tile
-        (no band slab: about half the memory traffic). ``keep_slab=True``
-        also keeps the band slab of each ``eval_into`` (a snapshot of the
-        band values) for ``apply``/``apply_transpose`` on this workspace."""
+        (no band slab: about half the memory traffic), and ``apply``/
+        ``apply_transpose`` evaluate the band slab from the workspace's copy
+        of the point when first asked; ``keep_slab=True`` evaluates it in
+        every ``eval_into`` instead (the same bits; only when it is spent)."""
         if self.kind == "global":
             if lanes is not None and (isinstance(lanes, bool) or lanes != 1):
                 raise JacError("bad_argument", "a global-lane program has exactly one lane")
@@ -639,7 +640,8 @@ class JacobianProgram(_Base):
             bad = K.count_nonfinite(out)
         ws.last_plan = plan.fingerprint
         ws.second.pop("state", None)
-        ws.second["point"] = (u.copy(), pv, t, f.copy())
+        su, sp, sf = _snapshot(ws, u, pv, f)
+        ws.second["point"] = (su, sp, t, sf)
         if bad:
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
@@ -692,11 +694,19 @@ class JacobianProgram(_Base):
             getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
 
     def _slab_of(self, ws: JacWorkspace):
+        """The band slab at the point of the last ``eval_into``: kept by it
+        (``keep_slab=True``) or evaluated now from the workspace's copy of
+        that point (direct writes keep no slab), once per ``eval_into``."""
         if ws.last_dtype is None:
-            if not ws.keep_slab:
-                raise JacError("bad_argument", "this workspace keeps no band slab (keep_slab=False); "
-                               "use new_workspace(keep_slab=True) for apply/apply_transpose")
-            raise JacError("bad_argument", "call eval_into first: apply/apply_transpose reuse its band slab")
+            pt = ws.second.get("point")
+            if pt is None:
+                raise JacError("bad_argument", "call eval_into first: apply/apply_transpose use the Jacobian "
+                               "at its point")
+            u, pv, t, f = pt
+            B = ws.slab(u.dtype, self.slab_size(ws.lanes))
+            with _Serial(u.shape[0]):
+                self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, ws.lanes)
+            ws.last_dtype = u.dtype
         return ws.slabs[ws.last_dtype]
 
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -755,6 +765,19 @@ class JacobianProgram(_Base):
         memory with ``lam`` or ``v`` is refused (``bad_argument``)."""
         from .second import contract
         return contract(self, plan, ws2, lam, v, out)
+
+
+def _snapshot(ws: JacWorkspace, u, pv, f) -> tuple:
+    """Copies of the point into buffers the workspace keeps (no allocation
+    per call): ``contract`` and a lazily evaluated slab see the point of the
+    last ``eval_into``, whatever the caller does with its arrays afterwards."""
+    snap = ws.second.get("snap")
+    if snap is None or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(snap, (u, pv, f))):
+        snap = (np.empty_like(u), np.empty_like(pv), np.empty_like(f))
+        ws.second["snap"] = snap
+    for a, b in zip(snap, (u, pv, f)):
+        np.copyto(a, b)
+    return snap
 
 
 def _colspace(lay: ModelLayout, wrt: str) -> tuple:
