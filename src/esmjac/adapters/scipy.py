@@ -166,15 +166,43 @@ from ..runtime.programs import SERIAL_BELOW as AUTO_SERIAL_BELOW  # noqa: E402
 
 
 def _thread_count(threads, n: int):
-    """The numba thread count callbacks run with (None: leave numba's setting)."""
+    """The numba thread count callbacks run with (None: leave numba's
+    setting; ``"measure"``: decide at build time, see :func:`_measure_threads`)."""
     if threads is None:
         return None
     if threads == "auto":
-        return None             # each program call picks serial or parallel itself
+        # Small calls: the programs run them on one thread themselves.
+        # Large ones: whichever of one thread or numba's count is faster
+        # here, measured once the callbacks exist.
+        return None if n < AUTO_SERIAL_BELOW else "measure"
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise JacError("bad_option", f"threads must be 'auto', None or a positive int, not {threads!r}")
     import numba
     return min(int(threads), int(numba.config.NUMBA_NUM_THREADS))
+
+
+def _measure_threads(call) -> int | None:
+    """``threads="auto"`` on a large problem: time ``call()`` (one RHS and
+    one Jacobian evaluation) on one thread and on numba's thread count,
+    interleaved, best of three, and keep the parallel kernels only where
+    they are clearly faster (by 10 %). On a busy or small machine a parallel
+    region's threads wait for cores and one thread wins by orders of
+    magnitude (measured: 2000 cells of tropo12 at load 16 on 2 cores, RHS
+    66 ms on two threads, 0.4 ms on one). Results are bitwise the same for
+    any thread count, so the choice changes only the time."""
+    import time
+
+    import numba
+    nmax = int(numba.config.NUMBA_NUM_THREADS)
+    if nmax <= 1:
+        return 1
+    best = {1: float("inf"), nmax: float("inf")}
+    for _ in range(3):
+        for k in (1, nmax):
+            t0 = time.perf_counter()
+            _with_threads(k, call)
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return nmax if best[nmax] * 1.1 < best[1] else 1
 
 
 def _with_threads(nthreads, fn, *args, **kwargs):
@@ -334,8 +362,9 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     ``banded=True`` (LSODA only): ``jac`` returns LSODA's packed banded form;
     refused when the pattern is not banded (bandwidth > n/2).
     ``threads``: numba threads for ``fun``/``jac`` (``"auto"``: one thread
-    below :data:`AUTO_SERIAL_BELOW` unknowns, else numba's setting; ``None``:
-    numba's setting; an int). ``build_options``: options of
+    below :data:`AUTO_SERIAL_BELOW` unknowns; above, one thread or numba's
+    thread count, whichever a timed call at build time finds faster --
+    ``prob.threads`` says which; ``None``: numba's setting; an int). ``build_options``: options of
     ``RhsProgram.build``/``JacobianProgram.build``.
     """
     if options:
@@ -378,6 +407,10 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
                          shape=(n, n))
     prob = IvpProblem(r, j, plan, yv, tuple(r.names), pv, fv, method, bool(banded), lband, uband,
                       pattern, st)
+    if st["threads"] == "measure":
+        st["threads"] = None
+        _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)   # both twins compiled
+        st["threads"] = _measure_threads(lambda: (prob.fun(0.0, yv), prob.jac_data(0.0, yv)))
     _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)
     prob.reset_counters()
     return prob

@@ -38,7 +38,11 @@ def _points(shape: tuple):
 
 
 def ode_states(view: SystemView) -> list:
-    """States in declaration order (the order ``evaluate_rhs`` uses)."""
+    """The integrated states in earthsci-ast's problem order (``view.integrated``,
+    which includes states whose derivative is identically zero); for a view
+    without that list, the written states in declaration order."""
+    if view.integrated is not None:
+        return list(view.integrated)
     written = {lhs_state(l) for l, _ in view.equations}
     return [n for n, v in view.variables.items() if v.kind == "state" and n in written]
 
