@@ -354,16 +354,18 @@ def test_nan_from_finite_inputs_is_reported():
                                                    "ranges": {"i": {"from": "c"}},
                                                    "expr": {"op": "log", "args": [{"op": "index", "args": ["A", "i"]}]}}}]}}}
     j = JacobianProgram.build(doc)
-    plan = j.plan(Csr())
-    ws = j.new_workspace()
-    out = np.zeros(plan.out_size(ws.lanes))
-    u = np.array([1.0, 2.0, 0.0, 3.0])
-    with pytest.raises(JacError) as e:
+    for lay in (Csr(), LaneSparseBlocks(), LaneBlocks(tile=3)):   # lane loop, tiles (counted while stored)
+        plan = j.plan(lay)
+        ws = j.new_workspace()
+        out = np.zeros(plan.out_size(ws.lanes))
+        u = np.array([1.0, 2.0, 0.0, 3.0])
+        with pytest.raises(JacError) as e:
+            j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
+        pos = 2 if isinstance(lay, Csr) else tile_index(0, 2, 1, plan.tile_width(4))
+        assert e.value.code == "evaluation_error" and f"position {pos}" in str(e.value), lay
+        u[2] = np.nan                     # non-finite in: passed through, not an error
         j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
-    assert e.value.code == "evaluation_error" and "position 2" in str(e.value)
-    u[2] = np.nan                     # non-finite in: passed through, not an error
-    j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
-    assert np.isnan(out[2]) and out[0] == 1.0
+        assert np.isnan(out[pos]) and out[0] == 1.0
 
 
 @pytest.mark.parametrize("fx", ["tropo12", "bd_chem"])

@@ -71,6 +71,7 @@ class Generated:
     chunk_kinds: tuple     # per chunk: "cell" or ("global", npoints)
     n_hoist: int
     n_statements: int
+    counts_nonfinite: bool = False   # chunks return how many non-finite values they stored
 
 
 def _lit(x: float) -> str:
@@ -309,7 +310,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     pro = _prologue(low.prologue, hoisted, names, lay)
     nstmt += len(pro) - 2
     src = "\n".join(head + pro + [""] + body) + "\n"
-    return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt)
+    return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt, mode == "tile")
 
 
 def tape_program(doc, dest=None):
@@ -444,13 +445,14 @@ def _prologue(blk: Block, hoisted: set, names: _Names, lay) -> list:
     return lines
 
 
-def _variants(name: str, args: str, loop: str, pre: list, body: list) -> list:
+def _variants(name: str, args: str, loop: str, pre: list, body: list, ret: str | None = None) -> list:
     """The chunk written once as ``_<name>``, compiled as ``<name>``
     (``parallel=True``: ``prange``) and as its serial twin ``s<name>``
     (``prange`` is a plain ``range`` there: measured ~30% faster on one
     thread). Numba compiles each only when first called."""
     par = loop.replace("range(", "nb.prange(", 1)
-    return ["", f"def _{name}({args}):", *pre, f"    {par}", *["        " + ln for ln in body or ["pass"]], "",
+    return ["", f"def _{name}({args}):", *pre, f"    {par}", *["        " + ln for ln in body or ["pass"]],
+            *([f"    return {ret}"] if ret else []), "",
             f"{name} = nb.njit(parallel=True, **_JIT)(_{name})",
             f"s{name} = nb.njit(**_JIT)(_twin(_{name}, 's{name}'))", ""]
 
@@ -560,21 +562,24 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
         tb += [f"if l0 + {TW} <= L:", *["    " + x for x in copy_in],
                "else:", f"    for j in range({TW}):", *["    " + x for x in clamped]]
     tb += [f"for j in range({TW}):", *["    " + x for x in (cvals + pr.lines + stores or ["pass"])]]
-    if tiled:
-        tb += [f"ob = t * {P} * w", f"for a in range({nout}):", "    for j in range(m):",
-               f"        out[ob + (a + {a0}) * w + j] = S[({nin} + a) * {TW} + j]"]
-    else:
-        tb += [f"for a in range({nout}):", "    for j in range(m):",
-               f"        out[(a + {a0}) * L + l0 + j] = S[({nin} + a) * {TW} + j]"]
+    # Copy out, counting non-finite values while they are in cache (x - x
+    # is NaN for inf and NaN): the caller needs no second pass over out.
+    tb += [f"ob = t * {P} * w", "bad = 0", f"for a in range({nout}):", "    for j in range(m):",
+           f"        x = S[({nin} + a) * {TW} + j]",
+           f"        out[ob + (a + {a0}) * w + j] = x",
+           "        if x - x != 0.0:",
+           "            bad += 1",
+           "return bad"]
     tile_fn = ["", "@nb.njit(**_JIT)", f"def tile_{name}(u, f, h, cix, out, L, w, t, S):",
                f'    """Tile t of {name}: outputs {a0}..{a1 - 1} ({"tiled slots" if tiled else "lanes-fastest"})."""',
                *hv, *["    " + x for x in tb]]
     pre = [f"    w = {TW}", "    nt = (L + w - 1) // w"]
     body = [f"S = np.zeros({max(size, 1)}, u.dtype)",
             f"for t in range(it * {_TILES_PER_ITEM}, min(nt, (it + 1) * {_TILES_PER_ITEM})):",
-            f"    tile_{name}(u, f, h, cix, out, L, w, t, S)"]
+            f"    bad += tile_{name}(u, f, h, cix, out, L, w, t, S)"]
     loop = f"for it in range((nt + {_TILES_PER_ITEM - 1}) // {_TILES_PER_ITEM}):"
-    return tile_fn + _variants(name, "u, f, h, cix, out, L", loop, pre, body), len(pr.lines), pr.hoisted
+    return (tile_fn + _variants(name, "u, f, h, cix, out, L", loop, pre + ["    bad = 0"], body, "bad"),
+            len(pr.lines), pr.hoisted)
 
 
 def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, empty) -> tuple:

@@ -146,6 +146,7 @@ class _Kernel:
     n_statements: int
     engine: str = "codegen"
     tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
+    counts_nonfinite: bool = False   # chunks return the non-finite values they stored
 
     def module(self):
         if self.engine == "tape":
@@ -629,15 +630,17 @@ class JacobianProgram(_Base):
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
         with _Serial(u.shape[0]):
+            bad = None
             if not ws.keep_slab and plan.kind == "lane" and (self.kernel.engine == "codegen" or plan.tiled):
-                self._run_fused(plan, u, pv, t, f, out, ws, L)
+                bad = self._run_fused(plan, u, pv, t, f, out, ws, L)
                 ws.last_dtype = None
             else:
                 B = ws.slab(u.dtype, self.slab_size(L))
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
                 plan.scatter(B, L, out)
                 ws.last_dtype = u.dtype
-            bad = K.count_nonfinite(out)
+            if bad is None:              # the tile kernels count while they store
+                bad = K.count_nonfinite(out)
         ws.last_plan = plan.fingerprint
         ws.second.pop("state", None)
         su, sp, sf = _snapshot(ws, u, pv, f)
@@ -659,7 +662,8 @@ class JacobianProgram(_Base):
                                + (f", tile {plan.tile}" if plan.tiled else ""),
                          dest=dest, zeros=zeros, tile=plan.tile if plan.tiled else None,
                          nslots=int(plan.info["slots_per_lane"]))
-            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
+            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
+                        counts_nonfinite=g.counts_nonfinite)
             plan._cache["fused_kernel"] = k
         return k
 
@@ -684,14 +688,16 @@ class JacobianProgram(_Base):
             W = plan.tile_width(L)
             run_tape(body.code, body.consts, u, f, p, float(t), h, ws.cix, out, L, body.nreg,
                      W, int(plan.info["slots_per_lane"]), plan.capacity(L), zs)
-            return
+            return None
         kern = self._fused_kernel(plan)
         mod = kern.module()
         h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
         mod.prologue(p, float(t), h)
         pre = "sfl" if _one_thread() else "fl"
+        bad = 0
         for name in kern.chunks:
-            getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
+            bad += getattr(mod, pre + name)(u, f, h, ws.cix, out, L) or 0
+        return bad if kern.counts_nonfinite else None
 
     def _slab_of(self, ws: JacWorkspace):
         """The band slab at the point of the last ``eval_into``: kept by it
