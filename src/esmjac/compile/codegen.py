@@ -297,9 +297,12 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
             elif mode == "lanes":
                 empty = [] if chunks or dest is None else sorted(set(range(P)) - set(idx))
                 lines, n, hv = _lane_chunk(name if dest is None else "fl" + name, blk, taken, doc, names,
-                                           empty)
+                                           _lanes_stores(taken), [f"{k} * L + l" for k in empty])
             elif mode == "strided":
-                lines, n, hv = _literal_chunk(name, blk, taken, doc, dest, zeros if not chunks else (), names)
+                first = _first_of_pair(doc)
+                stores = [(_slot_addr(*dest[t[1]]), "=" if first[t[1]] else "+=") for (t, _), _, _ in taken]
+                lines, n, hv = _lane_chunk("fl" + name, blk, taken, doc, names, stores,
+                                           [] if chunks else [_slot_addr(*z) for z in zeros])
             else:
                 lines, n, hv = _chunk(name, blk, taken, doc, dims, names)
             hoisted |= hv
@@ -582,50 +585,40 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
             len(pr.lines), pr.hoisted)
 
 
-def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, empty) -> tuple:
-    """A cell chunk writing lanes-fastest ``out[k*L + l]`` (band slab, right-
-    hand side, an untiled plan with its ``empty`` slots zeroed), one lane per
-    iteration: measured faster than tiles for these few-flop-per-store
-    outputs (no scratch copies)."""
+def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, stores: list, zeros=()) -> tuple:
+    """A cell chunk looping over lanes, one lane per iteration: ``stores``
+    gives per output its address (``out[...]``, in ``L`` and ``l``) and
+    ``=``/``+=``; ``zeros`` the addresses written as zero. Used for the
+    lanes-fastest outputs (band slab, right-hand side, untiled plans) —
+    measured faster than tiles for these few-flop-per-store outputs (no
+    scratch copies) — and for a cell program's Csr (strided slots)."""
     ncd = len(doc.layout.cell_shape)
     dimvars = [f"c{d}" for d in range(ncd)]
     pre = [f"c{d} = float(cix[{d} * L + l])" for d in range(ncd) if _uses_idx(blk, d)]
     pr = _Printer(blk, "v", lambda src, s: f"{src}[{s} * L + l]", dimvars, _hint(doc, names))
     pr.run([vals[0] for _, vals, _ in taken])
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
-    body = pre + pr.lines + [f"out[{k} * L + l] = 0.0" for k in empty]
-    seen: set = set()
-    for (target, _), vals, i in taken:
-        body.append(f"out[{i} * L + l] {'+=' if i in seen else '='} {pr.ref(vals[0])}{_what(doc, target)}")
-        seen.add(i)
+    body = pre + pr.lines + [f"out[{z}] = 0.0" for z in zeros]
+    for ((target, _), vals, _i), (where, op) in zip(taken, stores):
+        body.append(f"out[{where}] {op} {pr.ref(vals[0])}{_what(doc, target)}")
     return (_variants(name, "u, f, h, cix, out, L", "for l in range(L):", hv, body),
             len(pr.lines), pr.hoisted)
 
 
-def _literal_chunk(name: str, blk: Block, taken: list, doc, dest, zeros, names: _Names) -> tuple:
-    """A strided plan's chunk (a cell program's Csr): per lane, slot
-    addresses as literals."""
-    ncd = len(doc.layout.cell_shape)
-    dimvars = [f"c{d}" for d in range(ncd)]
-    pre = [f"c{d} = float(cix[{d} * L + l])" for d in range(ncd) if _uses_idx(blk, d)]
-    pr = _Printer(blk, "v", lambda src, s: f"{src}[{s} * L + l]", dimvars, _hint(doc, names))
-    pr.run([vals[0] for _, vals, _ in taken])
-    hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
-    body = pre + pr.lines
-    first = _first_of_pair(doc)
+def _lanes_stores(taken: list) -> list:
+    """``out[i*L + l]`` per output index ``i``; repeats of an index add."""
+    seen: set = set()
+    out = []
+    for _, _, i in taken:
+        out.append((f"{i} * L + l", "+=" if i in seen else "="))
+        seen.add(i)
+    return out
 
-    def addr(a, b, st):
-        s = f"{a} * L"
-        s += f" + {b}" if b else ""
-        return s + (" + l" if st == 1 else f" + l * {st}")
 
-    body += [f"out[{addr(a, b, st)}] = 0.0" for a, b, st in zeros]
-    for (target, _), vals, _i in taken:
-        k = target[1]
-        op = "=" if first[k] else "+="
-        body.append(f"out[{addr(*dest[k])}] {op} {pr.ref(vals[0])}{_what(doc, target)}")
-    return (_variants("fl" + name, "u, f, h, cix, out, L", "for l in range(L):", hv, body),
-            len(pr.lines), pr.hoisted)
+def _slot_addr(a: int, b: int, st: int) -> str:
+    """The address ``a*L + b + l*stride`` of a lane plan's slot."""
+    s = f"{a} * L" + (f" + {b}" if b else "")
+    return s + (" + l" if st == 1 else f" + l * {st}")
 
 
 def _first_of_pair(doc) -> list:
