@@ -15,7 +15,6 @@ order. Every argument is checked in Python before compiled code runs.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,7 +25,6 @@ import numpy as np
 from ..model.deep import run_deep
 from ..calculus.bandset import BandSet, check_options
 from ..compile import content_hash, generate, load_source
-from ..compile.cache import cache_dir
 from ..errors import JacError, typed_errors
 from . import checks as _checks
 from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
@@ -221,6 +219,9 @@ class _Base:
         return self.layout.n_forcing_elements
 
     def _run(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
+        _recovering(self._run_once, out, kern, u, p, t, forcing, out, h, cix, lanes)
+
+    def _run_once(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
         if kern.engine == "tape":
             from ..compile.tape import run_tape
             pro, body = kern.tapes
@@ -264,6 +265,21 @@ class _Base:
         if n == 0:
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
+
+
+def _recovering(run, out, *args) -> None:
+    """``run(*args)``; a Numba cache file that fails to load (corrupt or
+    tampered index/data) is purged and the call retried, so Numba recompiles
+    instead of the entry breaking every later run (compile/cache.py)."""
+    from ..compile.cache import recover_numba_cache
+    for _ in range(16):                  # at most one purge per compiled function
+        try:
+            return run(*args)
+        except Exception as exc:
+            if not recover_numba_cache(exc):
+                raise
+            out[:] = 0                   # accumulating (global) kernels restart from zero
+    return run(*args)
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
@@ -403,7 +419,6 @@ class RhsProgram(_Base):
         ``out`` must not share memory with ``u``, ``p`` or ``forcing``
         (refused: ``bad_argument``). A non-finite value computed from finite
         inputs is an ``evaluation_error`` naming the element."""
-        from . import kernels as K
         if scratch is None:
             sc = self.new_buffers()
         else:
@@ -421,7 +436,7 @@ class RhsProgram(_Base):
             out[:] = 0
         with _Serial(u.shape[0]):
             self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
-            bad = K.count_nonfinite(out)
+            bad = _checks.any_nonfinite(out)
         if bad:
             _checks.report_nonfinite(out, (u, p, f), t, "right-hand side", self._element_name(lanes))
         return out
@@ -617,7 +632,6 @@ class JacobianProgram(_Base):
         ``out`` must not share memory with ``u``, ``p``, ``forcing`` or the
         workspace (refused: ``bad_argument``). The point is copied into the
         workspace, so changing ``u`` afterwards does not change ``contract``."""
-        from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         L = ws.lanes
@@ -640,7 +654,7 @@ class JacobianProgram(_Base):
                 plan.scatter(B, L, out)
                 ws.last_dtype = u.dtype
             if bad is None:              # the tile kernels count while they store
-                bad = K.count_nonfinite(out)
+                bad = _checks.any_nonfinite(out)
         ws.last_plan = plan.fingerprint
         ws.second.pop("state", None)
         su, sp, sf = _snapshot(ws, u, pv, f)
@@ -679,7 +693,12 @@ class JacobianProgram(_Base):
             k = plan._cache["fused_tape"] = (pro, body, zs)
         return k
 
-    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
+    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> int | None:
+        """Direct writes into ``plan``'s slots; the number of non-finite
+        values stored when the kernels count them (tiles), else None."""
+        return _recovering(self._run_fused_once, out, plan, u, p, t, f, out, ws, L)
+
+    def _run_fused_once(self, plan, u, p, t, f, out, ws, L):
         if self.kernel.engine == "tape":
             from ..compile.tape import run_tape
             pro, body, zs = self._fused_tape(plan)
