@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["LaneBlocks", "LaneSparseBlocks", "ColumnBanded", "Csr", "LAYOUTS", "DEFAULT_TILE",
+__all__ = ["LaneBlocks", "LaneSparseBlocks", "ColumnBanded", "Csr", "Csc", "LAYOUTS", "DEFAULT_TILE",
            "tile_width", "tile_capacity", "tile_index", "tile_strides", "untile"]
 
 #: The default tile width ``W``, chosen by measurement (benchmarks/bench_tiles.py,
@@ -156,4 +156,16 @@ class Csr:
         return "csr"
 
 
-LAYOUTS = (LaneBlocks, LaneSparseBlocks, ColumnBanded, Csr)
+@dataclass(frozen=True)
+class Csc:
+    """Global CSC (SciPy's ``csc_matrix`` order: columns in turn, rows
+    ascending within each), the form SciPy's stiff solvers factor; written
+    directly, no permutation per call. Columns of a cell program: lane
+    columns ``c*L + l``, then scalar ones."""
+
+    @property
+    def name(self) -> str:
+        return "csc"
+
+
+LAYOUTS = (LaneBlocks, LaneSparseBlocks, ColumnBanded, Csr, Csc)

@@ -18,6 +18,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,6 @@ from ..errors import JacError, typed_errors
 from . import checks as _checks
 from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
 from ..model.load import SystemView, load_view
-from ..reference.oracle import element_names
 
 __all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
 
@@ -42,6 +42,7 @@ PROGRAM_OPTIONS = {
     "tape_above": 1500,       # auto: statements above which a cell program is taped
     "cache": True,            # reuse whole build products from the on-disk cache
     "progress": None,         # build stages: None = a bar on a terminal (runtime.progress), True, False
+    "per_lane": (),           # scalar parameters read per lane from `forcing` (cell programs)
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -107,6 +108,66 @@ def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
     return out
 
 
+class ElementNames(Sequence):
+    """Element names of the state vector at a lane count, computed on access
+    (a 10⁶-cell program stores no 12 M strings): ``"Chem.O3[5]"`` — the names
+    ``earthsci_ast.evaluate_rhs`` gives the document (``lanes`` = its cell
+    count) or its lift to ``lanes`` cells (a box mechanism at ``lanes`` > 1).
+    Lanes past the document's cells (padding) repeat its last cell."""
+
+    __slots__ = ("_scope", "_states", "_shapes", "_cell", "_lanes", "_box", "_sizes", "_starts")
+
+    def __init__(self, lay: ModelLayout, kind: str, lanes: int):
+        self._scope = lay.scope
+        self._states = lay.states
+        self._box = lay.box
+        self._cell = tuple(lay.cell_shape) if kind == "cell" else None
+        self._lanes = lanes
+        if kind == "cell":
+            self._shapes = None
+            self._sizes = [lanes] * len(lay.states)
+        else:
+            self._shapes = [tuple(lay.shapes.get(s, ())) for s in lay.states]
+            self._sizes = [int(np.prod(sh)) if sh else 1 for sh in self._shapes]
+        self._starts = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _name(self, i: int) -> str:
+        s = int(np.searchsorted(self._starts, i, side="right")) - 1
+        k = i - int(self._starts[s])
+        n = self._scope + self._states[s]
+        if self._shapes is not None:
+            sh = self._shapes[s]
+            return f"{n}[{','.join(str(x + 1) for x in np.unravel_index(k, sh))}]" if sh else n
+        if self._box:
+            return n if self._lanes == 1 else f"{n}[{k + 1}]"
+        ncell = int(np.prod(self._cell))
+        idx = np.unravel_index(min(k, ncell - 1), self._cell)
+        return f"{n}[{','.join(str(x + 1) for x in idx)}]"
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._name(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self._name(int(i))
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self._name(i)
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (Sequence, ElementNames)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ElementNames({len(self)} elements)"
+
+
 def _check_vec(name: str, x, n: int, dtype=None, *, out: bool = False) -> np.ndarray:
     return _checks.vector(name, x, n, dtype, out=out)
 
@@ -125,8 +186,8 @@ def _defaults(view: SystemView, lay: ModelLayout) -> tuple:
     u0 = np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in lay.states]) \
         if lay.states else np.zeros(0)
     p0 = np.array([float(pt.values[n]) for n in lay.params], dtype=np.float64)
-    f0 = np.concatenate([np.ravel(np.asarray(pt.values[n], dtype=np.float64)) for n in lay.forcing]) \
-        if lay.forcing else np.zeros(0)
+    f0 = np.concatenate([np.broadcast_to(np.ravel(np.asarray(pt.values[n], dtype=np.float64)), (lay.size(n),))
+                         for n in lay.forcing]) if lay.forcing else np.zeros(0)
     return u0, p0, f0
 
 
@@ -208,6 +269,36 @@ class _Base:
     def n_species(self) -> int:
         return len(self.layout.states)
 
+    def element_names(self, lanes: int | None = None) -> ElementNames:
+        """Names of the state elements in ``u`` order at ``lanes`` lanes
+        (default: the document's cells), computed on access."""
+        if self.kind != "cell":
+            lanes = 1
+        return ElementNames(self.layout, self.kind, self.cells if lanes is None else int(lanes))
+
+    @property
+    def names(self) -> ElementNames:
+        """Element names in ``u`` order at the document's own cell count."""
+        return self.element_names()
+
+    row_names = names
+
+    def defaults(self, lanes: int | None = None) -> tuple:
+        """``(u0, p0, forcing0)`` from the document's defaults at ``lanes``
+        lanes (cell programs: lane ``l`` takes cell ``min(l, cells-1)``'s
+        values, so a box mechanism's defaults broadcast to every lane);
+        entries are None where the document gives no default."""
+        u0, p0, f0 = self.u0, self.p0, self.forcing0
+        if self.kind != "cell" or lanes is None or lanes == self.cells:
+            return u0, p0, f0
+        flat = np.minimum(np.arange(int(lanes)), self.cells - 1)
+
+        def spread(x, k):
+            if x is None:
+                return None
+            return np.ascontiguousarray(x.reshape(k, self.cells)[:, flat].ravel())
+        return spread(u0, len(self.layout.states)), p0, spread(f0, len(self.layout.forcing))
+
     def u_size(self, lanes: int) -> int:
         if self.kind == "cell":
             return len(self.layout.states) * lanes
@@ -253,15 +344,25 @@ class _Base:
         with _Serial(self.u_size(self.cells) if self.kind == "cell" else self.layout.n_state_elements):
             self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
+    def _forcing_default(self, lanes: int):
+        """The default forcing at ``lanes`` lanes (computed once per lane count)."""
+        memo = self.__dict__.setdefault("_fdefault", {})
+        if lanes not in memo:
+            f0 = self.defaults(lanes)[2]
+            if f0 is not None:
+                f0.setflags(write=False)
+            memo[lanes] = f0
+        return memo[lanes]
+
     def _forcing(self, forcing, lanes: int, dtype) -> np.ndarray:
         n = self.f_size(lanes)
         if forcing is None:
             if n == 0:
                 return np.zeros(1, dtype=dtype)
-            f0 = self.forcing0
-            if f0 is None or (self.kind == "cell" and lanes != self.cells):
-                raise JacError("bad_argument", "`forcing` is required (no defaults for this lane count)")
-            return np.ascontiguousarray(f0, dtype=dtype)
+            f0 = self._forcing_default(lanes)
+            if f0 is None:
+                raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
+            return f0 if f0.dtype == dtype else np.ascontiguousarray(f0, dtype=dtype)
         if n == 0:
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
@@ -290,7 +391,8 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     keyed = None
     if opts["cache"]:
         keyed = document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
-                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]))
+                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]),
+                             str(tuple(opts["per_lane"])))
     if keyed is not None:
         obj = load_product(keyed[0], _product_types())
         if obj is not None:
@@ -346,7 +448,6 @@ class RhsProgram(_Base):
     doc: EvalDoc
     layout: ModelLayout
     kind: str
-    names: tuple               # element names in ``u`` order (L = cells)
     param_names: tuple
     forcing_names: tuple
     u0: Any
@@ -366,14 +467,14 @@ class RhsProgram(_Base):
 
         def make():
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view)
+            lay = model_layout(view, opts["per_lane"])
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
             kern = _compile(doc, opts)
             _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements",
                    t0, "rhs")
             u0, p0, f0 = _defaults(view, lay)
-            return cls(doc, lay, doc.kind, tuple(element_names(view, list(lay.states))),
+            return cls(doc, lay, doc.kind,
                        lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
                        view.element_type)
 
@@ -411,6 +512,14 @@ class RhsProgram(_Base):
         lanes = _checks.lanes(lanes, 8 * (3 * len(self.layout.cell_shape) + 2), "scratch")
         cix = self._default_cix if lanes == default else lane_cells(self.layout.cell_shape, lanes)
         return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix, self._owner)
+
+    def bind(self, lanes: int | None = None, dtype=None, *, scratch: "_RhsScratch | None" = None):
+        """A bound call ``run(u, p, t, forcing, out)`` at ``lanes`` lanes
+        (default: the document's cells) and ``dtype`` (default: the declared
+        element type): checks and kernel choices made once, the first call
+        warm (see ``runtime.bound``). One binding per thread."""
+        from .bound import BoundRhs
+        return BoundRhs(self, lanes, dtype, scratch)
 
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   scratch: "_RhsScratch | None" = None) -> np.ndarray:
@@ -515,8 +624,13 @@ class JacWorkspace:
         return s
 
     def set_lane_order(self, order, cell_shape: tuple) -> None:
-        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes)."""
-        self.cix = lane_cells(cell_shape, self.lanes, order)
+        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes).
+        Written in place: bindings of this workspace read the same array."""
+        cix = lane_cells(cell_shape, self.lanes, order)
+        if cix.shape == self.cix.shape:
+            self.cix[:] = cix
+        else:
+            self.cix = cix
 
 
 @dataclass(frozen=True, eq=False)
@@ -529,7 +643,6 @@ class JacobianProgram(_Base):
     wrt: str
     bands: tuple               # JacEntry, read-only
     structure: str
-    row_names: tuple
     col_vars: tuple            # column variables, declaration order
     col_base: dict             # column variable → first global column
     n_cols: int
@@ -553,9 +666,9 @@ class JacobianProgram(_Base):
 
         def make():
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            bs = BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+            lay = model_layout(view, opts["per_lane"])
+            bs = _bandset(view, wrt, lay, opts)
             _stage(opts, f"calculus: {len(bs.entries)} bands ({bs.structure})", t0)
-            lay = model_layout(view)
             rdoc = rhs_doc(view, lay)
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
@@ -566,7 +679,7 @@ class JacobianProgram(_Base):
             u0, p0, f0 = _defaults(view, lay)
             fp = hashlib.sha256((kern.key + doc.to_json()).encode()).hexdigest()
             return cls(doc, lay, doc.kind, wrt, bs.entries, bs.structure,
-                       tuple(element_names(view, list(lay.states))), cvars, cbase, ncols, kern, fp,
+                       cvars, cbase, ncols, kern, fp,
                        _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
@@ -624,6 +737,18 @@ class JacobianProgram(_Base):
             raise JacError("bad_argument", f"expected a ScatterPlan, got {type(plan).__name__}")
         if plan.fingerprint != self.fingerprint:
             raise JacError("foreign_layout", "this plan was built for another JacobianProgram")
+
+    def bind(self, plan, ws: JacWorkspace, dtype=np.float64, *, keep_point: bool = False):
+        """A bound call ``run(u, p, t, forcing, out)`` of ``eval_into`` for
+        ``plan``, ``ws`` and ``dtype``: plan, workspace, lanes, sizes and
+        dtype checked once, every kernel the calls need compiled now (the
+        first call is warm), per call only attribute checks of the
+        arguments (see ``runtime.bound``). ``contract`` reads the point of
+        the last call on ``ws`` only with ``keep_point=True`` (a copy per
+        call into buffers of the binding); by default a bound call leaves no
+        point, and ``contract`` asks for an ``eval_into`` first."""
+        from .bound import BoundJacobian
+        return BoundJacobian(self, plan, ws, dtype, keep_point=keep_point)
 
     def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   ws: JacWorkspace) -> np.ndarray:
@@ -805,11 +930,26 @@ def _snapshot(ws: JacWorkspace, u, pv, f) -> tuple:
     return snap
 
 
+def _bandset(view, wrt: str, lay: ModelLayout, opts: dict) -> BandSet:
+    """The bands of ∂f/∂wrt; with ``per_lane`` parameters, ``forcing``
+    columns include them (the calculus sees them as scalar parameters)."""
+    if wrt == "forcing" and lay.per_lane:
+        import dataclasses
+        bs = BandSet.build(view, wrt="parameters", options={"allow_empty": bool(opts["allow_empty"])})
+        keep = set(lay.forcing)
+        return dataclasses.replace(bs, wrt="forcing", entries=tuple(e for e in bs.entries if e.col in keep))
+    return BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+
+
 def _colspace(lay: ModelLayout, wrt: str) -> tuple:
     if wrt == "states":
         cvars = lay.states
     elif wrt == "parameters":
         cvars = lay.all_params
+        if lay.per_lane:
+            # Per-lane columns first, as the cell kernels number them
+            # (lane columns c*L + l, scalar ones after every lane).
+            cvars = lay.forcing + tuple(v for v in lay.all_params if v not in lay.forcing)
     elif wrt == "forcing":
         cvars = lay.forcing
     else:
