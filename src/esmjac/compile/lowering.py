@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..calculus import context
-from ..calculus.bands import Ctx, _push_index, is_array_expr, place_subregion
+from ..calculus.bands import Ctx, _push_index, _same_rank, is_array_expr, place_subregion
 from ..calculus.inline import inline_observed, range_of, region_bound
 from ..errors import JacError
 from ..model.expr import AGG, Node, free_names, mul, node, op, substitute
@@ -77,6 +77,7 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
         out.append((rows, names, mul(e, *scale)))
         return
     if isinstance(e, str):
+        _same_rank(e, len(shape), ctx)
         rows, names = _full(shape)
         out.append((rows, names, mul(node("index", [e, *names]), *scale)))
         return
@@ -112,6 +113,10 @@ def _aggregate(out: list, e: Node, ctx: Ctx, shape: tuple, scale: tuple) -> None
     oidx = list(e.attr("output_idx") or ())
     if any(not isinstance(x, str) for x in oidx):
         raise JacError("unsupported_construct", "singleton `1` output_idx entries are not compiled")
+    if len(oidx) != len(shape):
+        raise JacError("unsupported_construct",
+                       f"a rank-{len(oidx)} aggregate is broadcast into a rank-{len(shape)} array; "
+                       "bare-axis broadcasting is not compiled (give the aggregate every output index)")
     if e.attr("filter") is not None or e.attr("join") or e.attr("key") is not None or e.attr("arg"):
         raise JacError("unsupported_construct", "filtered, joined, keyed or arg aggregates are not compiled")
     if e.attr("reduce") not in (None, "+") or e.attr("semiring") not in (None, "sum_product"):
