@@ -23,7 +23,8 @@ SAMPLE = corpus.discover(corpus.default_roots())
 def test_the_sample_holds_our_documents_and_the_shipped_model():
     names = {pathlib.Path(p).name for _, p in SAMPLE}
     assert {"catalyst_species.esm", "two_models.esm", "nested_observed.esm", "ic_from_parameters.esm",
-            "state_free_tendency.esm", "bare_broadcast.esm", "tropo12.esm"} <= names
+            "state_free_tendency.esm", "bare_broadcast.esm", "interp_tables.esm", "datetime_clock.esm",
+            "tropo12.esm"} <= names
 
 
 #: Documents of the sample that are typed refusals, with the reason's start.
@@ -142,3 +143,35 @@ def test_closed_interp_functions_at_knots_and_outside(x, z):
     if float(x) not in (0.0, 0.5, 1.0, 2.0, 3.0, 4.0):     # a kink: one-sided slopes differ
         fd = (np.array(eco.rhs(0.0, yp)) - np.array(eco.rhs(0.0, ym))) / (2 * h)
         np.testing.assert_allclose(prob.jac_csr(0.0, y).toarray()[:, 0], fd, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("t", [0.0, -1.0, 86399.0, 951782400.0, 951868799.0, 1709164800.0,
+                               1709251199.5, 4102444800.0, -2208988800.0, 1234567890.25])
+def test_datetime_functions_of_t_compiled(t):
+    """Compiled datetime.* of t (leap days, year and day boundaries, pre-epoch)
+    against earthsci-ast's RHS; the Jacobian is the (piecewise constant)
+    coefficient of y."""
+    from esmjac.adapters.scipy import ivp
+    path = DOCS / "datetime_clock.esm"
+    prob = ivp(path)
+    eco = _eco(path)
+    y = np.array([1.3])
+    f = prob.fun(t, y)
+    np.testing.assert_allclose(f, np.array(eco.rhs(t, y.copy())), rtol=1e-14, atol=0)
+    assert prob.jac_csr(t, y).toarray()[0, 0] == pytest.approx(f[0] / y[0], rel=1e-14)
+
+
+def test_datetime_expansion_equals_earthsci_ast():
+    """The primitive expansion (model/closed.py), evaluated by the oracle,
+    equals earthsci-ast's closed functions exactly over many times."""
+    from earthsci_ast.registered_functions import evaluate_closed_function
+    from esmjac.model.closed import expand_closed
+    from esmjac.model.evaluate import ev
+    from esmjac.model.expr import node
+    rng = np.random.default_rng(3)
+    ts = [0.0, -1.0, 86400.0, 951782400.0, 4102444800.0] + list(rng.uniform(-3e9, 5e9, 300))
+    for f in ("year", "month", "day", "hour", "minute", "second", "day_of_year", "julian_day",
+              "is_leap_year"):
+        e = expand_closed(node("fn", ["t"], name=f"datetime.{f}"))
+        for t in ts:
+            assert ev(e, {"t": float(t)}) == float(evaluate_closed_function(f"datetime.{f}", [float(t)])), (f, t)

@@ -15,8 +15,14 @@ and boundary rules:
   ``xs[i] >= x`` (left bias): ``1 + #{k: xs[k] < x}``; NaN ``x`` gives
   ``N + 1``.
 
-``datetime.*`` are not rewritten (calendar arithmetic of ``t``); they stay a
-typed refusal of the compiler.
+* ``datetime.*(t)``: ``t`` is UTC seconds since the Unix epoch, proleptic
+  Gregorian, no leap seconds (earthsci-ast's ``_to_datetime``); the civil
+  date comes from the day number by Hinnant's ``civil_from_days`` in
+  ``floor`` arithmetic, exact in float64 for any realistic ``t``.
+  ``julian_day`` is the day number plus 2440588 (the JDN of 1970-01-01) plus
+  ``(seconds of day - 43200) / 86400``, the reference's own formula. (The
+  reference rounds ``t`` to microseconds first; within a microsecond below a
+  whole second the two may differ by that second.)
 """
 from __future__ import annotations
 
@@ -25,7 +31,10 @@ from .expr import Node, is_lit, node
 
 __all__ = ["expand_closed", "CLOSED_COMPILED"]
 
-CLOSED_COMPILED = ("interp.linear", "interp.bilinear", "interp.searchsorted")
+CLOSED_COMPILED = ("interp.linear", "interp.bilinear", "interp.searchsorted",
+                   "datetime.year", "datetime.month", "datetime.day", "datetime.hour",
+                   "datetime.minute", "datetime.second", "datetime.day_of_year",
+                   "datetime.julian_day", "datetime.is_leap_year")
 
 
 def _op(o, *args):
@@ -104,6 +113,56 @@ def _searchsorted(x, xs):
     return _op("ifelse", _op("!=", x, x), len(xv) + 1, count)
 
 
+def _floor(x):
+    return _op("floor", x)
+
+
+def _fdiv(a, b):
+    return _floor(_op("/", a, b))
+
+
+def _divisible(y, k: int):
+    return _op("==", _op("-", y, _op("*", k, _fdiv(y, k))), 0)
+
+
+def _datetime(name: str, t):
+    days = _fdiv(t, 86400)
+    sod = _op("-", t, _op("*", 86400, days))
+    if name == "julian_day":
+        return _op("+", _op("+", days, 2440588), _op("/", _op("-", sod, 43200), 86400))
+    hour = _fdiv(sod, 3600)
+    if name == "hour":
+        return hour
+    rest = _op("-", sod, _op("*", 3600, hour))
+    minute = _fdiv(rest, 60)
+    if name == "minute":
+        return minute
+    if name == "second":
+        return _floor(_op("-", rest, _op("*", 60, minute)))
+    # civil_from_days (H. Hinnant), days since 1970-01-01
+    z = _op("+", days, 719468)
+    era = _fdiv(z, 146097)
+    doe = _op("-", z, _op("*", era, 146097))
+    yoe = _fdiv(_op("+", _op("-", doe, _fdiv(doe, 1460)), _op("-", _fdiv(doe, 36524), _fdiv(doe, 146096))), 365)
+    doy = _op("-", doe, _op("-", _op("+", _op("*", 365, yoe), _fdiv(yoe, 4)), _fdiv(yoe, 100)))
+    mp = _fdiv(_op("+", _op("*", 5, doy), 2), 153)
+    day = _op("+", _op("-", doy, _fdiv(_op("+", _op("*", 153, mp), 2), 5)), 1)
+    month = _op("ifelse", _op("<", mp, 10), _op("+", mp, 3), _op("-", mp, 9))
+    year = _op("+", _op("+", yoe, _op("*", era, 400)), _op("<=", month, 2))
+    if name == "day":
+        return day
+    if name == "month":
+        return month
+    if name == "year":
+        return year
+    leap = _op("and", _divisible(year, 4), _op("or", _op("not", _divisible(year, 100)), _divisible(year, 400)))
+    if name == "is_leap_year":
+        return leap
+    if name == "day_of_year":   # doy counts from March 1
+        return _op("ifelse", _op(">=", mp, 10), _op("-", doy, 305), _op("+", _op("+", doy, 60), leap))
+    raise JacError("unsupported_construct", f"closed function `datetime.{name}` is not compiled yet")
+
+
 def expand_closed(e: Node):
     """``e`` (an ``fn`` node) as a primitive expression, or a typed refusal."""
     name = e.attr("name") or ""
@@ -114,4 +173,6 @@ def expand_closed(e: Node):
         return _bilinear(*a)
     if name == "interp.searchsorted" and len(a) == 2:
         return _searchsorted(*a)
+    if name.startswith("datetime.") and len(a) == 1:
+        return _datetime(name[len("datetime."):], a[0])
     raise JacError("unsupported_construct", f"closed function `{name}` is not compiled yet")
