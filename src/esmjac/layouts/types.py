@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from ..errors import JacError
 
-__all__ = ["LaneBlocks", "LaneSparseBlocks", "ColumnBanded", "Csr", "LAYOUTS"]
+__all__ = ["LaneBlocks", "LaneSparseBlocks", "ColumnBanded", "Csr", "Csc", "LAYOUTS"]
 
 
 @dataclass(frozen=True)
@@ -60,4 +60,16 @@ class Csr:
         return "csr"
 
 
-LAYOUTS = (LaneBlocks, LaneSparseBlocks, ColumnBanded, Csr)
+@dataclass(frozen=True)
+class Csc:
+    """Global CSC (SciPy's ``csc_matrix`` order: columns in turn, rows
+    ascending within each), the form SciPy's stiff solvers factor; written
+    directly, no permutation per call. Columns of a cell program: lane
+    columns ``c*L + l``, then scalar ones."""
+
+    @property
+    def name(self) -> str:
+        return "csc"
+
+
+LAYOUTS = (LaneBlocks, LaneSparseBlocks, ColumnBanded, Csr, Csc)
