@@ -322,7 +322,8 @@ def check_document(path: str, family: str = "", *, oracle: bool = True) -> Outco
         except JacError as exc:
             # internal_error is esmjac's wrapper of an unexpected exception: a crash
             out.outcome = "crash" if exc.code == "internal_error" else "refusal"
-            out.detail = str(exc).splitlines()[0][:240]
+            msg = getattr(exc, "message", None) or str(exc)
+            out.detail = f"[{exc.code}] {msg.splitlines()[0] if msg else ''}"[:240]
         except _Timeout:
             raise
         except Exception as exc:  # a bare exception is a crash: esmjac's bug

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
+from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 
@@ -464,24 +464,19 @@ def _ro_index(a: np.ndarray) -> np.ndarray:
 # esmjac plugin (entry point ``esmjac.adapters: scipy``) -- keep below
 # ---------------------------------------------------------------------------
 
-_KINDS = ("scipy.ivp",)
 
 
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
+def esmjac_adapter() -> Adapter:
     version = dist_version("scipy")
+    kinds = {"scipy.ivp": ivp}
     if module_available("scipy"):  # top level only: find_spec("scipy.integrate") would import scipy
-        return AdapterInfo("scipy", version, _KINDS, True,
+        return Adapter("scipy", version, kinds, True,
                            f"scipy {version or '(version unknown)'} (scipy.integrate.solve_ivp)")
-    return AdapterInfo("scipy", version, _KINDS, False,
+    return Adapter("scipy", version, kinds, False,
                        "scipy is not installed; pip install 'scipy>=1.10'")
 
 
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "scipy.ivp":
-        return ivp(source, **options)
-    return None
 
 
 # ---------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..plugins.hookspecs import AdapterInfo, hookimpl
+from ..plugins.hookspecs import Adapter, hookimpl
 
 __all__ = ["cvode", "ida", "SundialsProblem"]
 
@@ -779,7 +779,6 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
 # esmjac plugin (entry point ``esmjac.adapters: sundials``) -- keep below
 # ---------------------------------------------------------------------------
 
-_KINDS = ("sundials.cvode", "sundials.ida")
 
 
 def _find_odes() -> bool:
@@ -802,26 +801,20 @@ def _find_odes() -> bool:
 
 
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
+def esmjac_adapter() -> Adapter:
     try:
         version = importlib.metadata.version("scikits.odes")
     except importlib.metadata.PackageNotFoundError:
         version = ""
+    kinds = {"sundials.cvode": cvode, "sundials.ida": ida}
     if _find_odes():
-        return AdapterInfo("sundials", version, _KINDS, True,
+        return Adapter("sundials", version, kinds, True,
                            f"scikits.odes {version or '(version unknown)'} (SUNDIALS CVODE/IDA)")
-    return AdapterInfo("sundials", version, _KINDS, False,
+    return Adapter("sundials", version, kinds, False,
                        "scikits.odes is not installed; pip install 'esmjac[sundials]' "
                        "(needs libsundials-dev), or use kind 'scipy.ivp'")
 
 
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "sundials.cvode":
-        return cvode(source, **options)
-    if kind == "sundials.ida":
-        return ida(source, **options)
-    return None
 
 
 # ---------------------------------------------------------------------------

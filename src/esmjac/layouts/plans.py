@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import JacError
 from ..model.expr import Node, is_lit
-from ..calculus.factorization import lu_fill, markowitz_ordering
+from ..linalg.factorization import block_order
 from .types import ColumnBanded, Csc, Csr, LaneBlocks, LaneSparseBlocks
 
 __all__ = ["ScatterPlan", "build_plan", "field_meta"]
@@ -476,18 +476,15 @@ def _slots_from(keys: list, rc: list) -> tuple:
 
 
 def markowitz(prog) -> tuple:
-    """(ordering, lu_pattern) of a square cell block (declaration order)."""
+    """(ordering, lu_pattern) of a square cell block: the one block-LU order
+    (:func:`esmjac.linalg.factorization.block_order`) as indices into the
+    declared states — elimination position ``k`` is state ``ordering[k]``."""
     rc, n, m = _block_pattern(prog)
     if n != m or prog.wrt != "states":
         raise JacError("bad_option", "a Markowitz ordering needs a square block (wrt='states')")
-    P = [[i == j for j in range(n)] for i in range(n)]
-    for r, c in rc:
-        P[r][c] = True
-    order = markowitz_ordering(P)
-    Pp = [[P[order[i]][order[j]] for j in range(n)] for i in range(n)]
-    F = lu_fill(Pp)
-    lu = tuple((i, j) for i in range(n) for j in range(n) if F[i][j])
-    return tuple(order), lu
+    states = prog.layout.states
+    plan = block_order(states, [(states[r], states[c]) for r, c in rc])
+    return plan.positions(states), plan.lu_pattern
 
 
 def _lane_blocks(prog, layout) -> tuple:
