@@ -26,6 +26,7 @@ import itertools
 import math
 
 from ..errors import JacError
+from ..model.closed import expand_closed
 from ..model.expr import AGG, Node, free_names, is_lit, node, substitute
 
 __all__ = ["Block", "Lowering", "UNARY", "BINARY"]
@@ -159,6 +160,9 @@ class Lowering:
                 memo[("leaf", x)] = self._leaf(blk, x, dims, uniform_block)
                 continue
             if x in memo:
+                continue
+            if x.op == "fn":        # interp.* over literal tables: primitive arithmetic
+                memo[x] = self._lower(blk, expand_closed(x), dims, uniform_block)
                 continue
             if not uniform_block and self._is_uniform(x):
                 memo[x] = self._hoist(blk, x)
