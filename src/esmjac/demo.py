@@ -52,7 +52,7 @@ def run_demo(cells: int = 48, t_end: float = 7200.0, out=print, progress: bool |
     a terminal)."""
     from .adapters.scipy import ivp
     from .calculus.bandset import BandSet
-    from .calculus.factorization import block_lu_plan
+    from .linalg.factorization import block_lu_plan
     from .compile.cache import cache_dir
     from .models.gridded import gridded_tropo12, tropo12_doc
     from .models.mechanism import lift

@@ -48,7 +48,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
+from ..layouts.types import untile
+from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
            "held_bytes", "SPECIES_DIM", "SLOT_DIM", "CELL_DIM"]
@@ -334,6 +335,8 @@ def _jac_block(u, f, spec, layout, p, t, threads, block_info=None):
     ws = _jac_ws(spec, b, w, _start(block_info))
     with _Threads(threads):
         b.jac.eval_into(plan, uu, p, t, _flat(f, u.dtype), out, ws)
+    if plan.tiled:             # [slot, lane] blocks: undo the lane tiles
+        return untile(out, int(plan.info["slots_per_lane"]), w, plan.tile_width(w))
     return out.reshape(-1, w)
 
 
@@ -943,24 +946,19 @@ def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "
 
 # ---------------------------------------------------------------- plugin
 
-_KINDS = ("dask.arrays",)
 
 
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
+def esmjac_adapter() -> Adapter:
     need = ("dask", "distributed", "xarray")
     missing = [x for x in need if not module_available(x)]
     version = dist_version("dask")
+    kinds = {"dask.arrays": model}
     if not missing:
-        return AdapterInfo("dask", version, _KINDS, True,
+        return Adapter("dask", version, kinds, True,
                            f"dask {version}, distributed {dist_version('distributed')}, "
                            f"xarray {dist_version('xarray')}")
-    return AdapterInfo("dask", version, _KINDS, False,
+    return Adapter("dask", version, kinds, False,
                        f"{', '.join(missing)} not installed; pip install 'esmjac[dask]'")
 
 
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "dask.arrays":
-        return model(source, **options)
-    return None

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
+from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 
 from dataclasses import dataclass, field  # noqa: E402
@@ -65,30 +65,23 @@ from ._leaf import LeafSolution, LeafStats, RosenbrockLeaf, rosenbrock  # noqa: 
 # esmjac plugin (entry point ``esmjac.adapters: native``) -- keep below
 # ---------------------------------------------------------------------------
 
-_KINDS = ("native.layouts", "native.rosenbrock")
 
 
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
+def esmjac_adapter() -> Adapter:
     # The solver is esmjac itself (Numba-compiled kernels on NumPy arrays).
     version = dist_version("esmjac")
+    kinds = {"native.layouts": layouts, "native.rosenbrock": rosenbrock}
     numba, numpy = dist_version("numba"), dist_version("numpy")
     if module_available("numba") and module_available("numpy"):
-        return AdapterInfo("native", version, _KINDS, True,
+        return Adapter("native", version, kinds, True,
                            f"esmjac's own kernels (numba {numba}, numpy {numpy})")
     missing = " and ".join(m for m in ("numba", "numpy") if not module_available(m))
-    return AdapterInfo("native", version, _KINDS, False,
+    return Adapter("native", version, kinds, False,
                        f"{missing} is not installed; pip install 'numba>=0.58' 'numpy>=1.24', "
                        "or use kind 'scipy.ivp'")
 
 
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "native.layouts":
-        return layouts(source, **options)
-    if kind == "native.rosenbrock":
-        return rosenbrock(source, **options)
-    return None
 
 
 # ---------------------------------------------------------------------------

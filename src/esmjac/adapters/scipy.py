@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
+from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 
@@ -43,7 +43,18 @@ def _programs(source, model, build_options):
     from ..runtime.programs import JacobianProgram, RhsProgram
     # The Jacobian first: a model the calculus refuses is refused with the
     # same code (underivable_operator...) as ``esmjac bands`` gives it.
-    j = JacobianProgram.build(source, model, "states", options=build_options)
+    try:
+        j = JacobianProgram.build(source, model, "states", options=build_options)
+    except JacError as exc:
+        # A right-hand side that provably reads no state (every observed
+        # inlined) has the zero Jacobian; the empty-bands gate guards misreads.
+        from ..calculus import state_independent
+        from ..model.load import load_view
+        if exc.code != "empty_bands" or (build_options or {}).get("allow_empty") is False \
+                or not state_independent(load_view(source, model)):
+            raise
+        j = JacobianProgram.build(source, model, "states",
+                                  options={**(build_options or {}), "allow_empty": True})
     r = RhsProgram.build(source, model, options=build_options)
     plan = j.plan(Csr(), source=r)
     return r, j, plan
@@ -153,9 +164,9 @@ def _inputs(r, y0, p, forcing) -> tuple:
 
 def _pattern(plan) -> tuple:
     """(rows, cols, n) of the Csr plan's entries in CSR data order."""
-    indptr = np.asarray(plan.indptr)
-    cols = np.asarray(plan.indices, dtype=np.int64)
-    n = int(plan.info["shape"][0])
+    indptr, cols, shape = plan.csr_index()
+    cols = np.asarray(cols, dtype=np.int64)
+    n = int(shape[0])
     rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
     return rows, cols, n
 
@@ -247,7 +258,7 @@ class IvpProblem:
     jacobian: Any              # JacobianProgram (wrt="states")
     plan: Any                  # Csr ScatterPlan
     y0: np.ndarray
-    names: tuple
+    names: Any                 # element names (a lazy sequence)
     p: np.ndarray
     forcing: np.ndarray | None
     method: str
@@ -283,21 +294,22 @@ class IvpProblem:
         return self._st["threads"]
 
     def fun(self, t, y) -> np.ndarray:
-        """``dy/dt = f(t, y)`` (a new array)."""
+        """``dy/dt = f(t, y)`` (a new array: the solvers keep it)."""
         st = self._st
         st["nfev"] += 1
         out = np.empty(self.n)
-        _with_threads(st["threads"], self.rhs.eval_into, np.ascontiguousarray(y, dtype=np.float64),
-                      self.p, float(t), self.forcing, out, st["scratch"])
+        _with_threads(st["threads"], st["run_f"], np.ascontiguousarray(y, dtype=np.float64),
+                      self.p, t, self.forcing, out)
         return out
 
     def jac_data(self, t, y) -> np.ndarray:
         """The Jacobian's values in CSR order of ``plan`` (a new array)."""
         st = self._st
-        data = np.empty(self.plan.out_size(st["ws"].lanes))
-        _with_threads(st["threads"], self.jacobian.eval_into, self.plan,
-                      np.ascontiguousarray(y, dtype=np.float64), self.p, float(t), self.forcing,
-                      data, st["ws"])
+        data = np.empty(st["nnz"])
+        if st["run_csr"] is None:           # BDF/Radau use the Csc plan; CSR only on request
+            st["run_csr"] = self.jacobian.bind(self.plan, st["ws"], keep_point=False)
+        _with_threads(st["threads"], st["run_csr"], np.ascontiguousarray(y, dtype=np.float64),
+                      self.p, t, self.forcing, data)
         return data
 
     def jac(self, t, y):
@@ -305,9 +317,9 @@ class IvpProblem:
         from scipy.sparse import csc_matrix
         st = self._st
         st["njev"] += 1
-        data = self.jac_data(t, y)
         n = self.n
         if self.method == "LSODA":
+            data = self.jac_data(t, y)
             if self.banded:
                 out = np.zeros((self.lband + self.uband + 1) * n)
                 out[st["band_pos"]] = data
@@ -315,15 +327,19 @@ class IvpProblem:
             out = np.zeros(n * n)
             out[st["dense_pos"]] = data
             return out.reshape(n, n)
-        return csc_matrix((data[st["perm"]], st["csc_indices"].copy(), st["csc_indptr"].copy()),
-                          shape=(n, n))
+        # The CSC plan writes SciPy's order directly; the (read-only) index
+        # arrays are shared by every matrix returned, the values are new.
+        data = np.empty(st["nnz"])
+        _with_threads(st["threads"], st["run_csc"], np.ascontiguousarray(y, dtype=np.float64),
+                      self.p, t, self.forcing, data)
+        return csc_matrix((data, st["csc_indices"], st["csc_indptr"]), shape=(n, n))
 
     def jac_csr(self, t, y):
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array`` (any method)."""
         from scipy.sparse import csr_array
         n = self.n
-        return csr_array((self.jac_data(t, y), np.array(self.plan.indices), np.array(self.plan.indptr)),
-                         shape=(n, n))
+        ip, ix, _ = self.plan.csr_index(self._st["ws"].lanes)
+        return csr_array((self.jac_data(t, y), ix, ip), shape=(n, n))
 
     # -- convenience --------------------------------------------------------------------
     def solve(self, t_span, **kwargs):
@@ -386,8 +402,10 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     yv, pv, fv = _inputs(r, y0, p, forcing)
     rows, cols, n = _pattern(plan)
     lband = uband = None
-    st: dict = {"nfev": 0, "njev": 0, "scratch": r.new_buffers(), "ws": j.new_workspace(),
-                "threads": _thread_count(threads, n)}
+    ws = j.new_workspace(keep_slab=False)
+    st: dict = {"nfev": 0, "njev": 0, "ws": ws, "threads": _thread_count(threads, n),
+                "nnz": plan.out_size(ws.lanes), "run_f": r.bind(),
+                "run_csr": j.bind(plan, ws, keep_point=False) if method == "LSODA" else None}
     if banded:
         lband, uband = _bandwidths(rows, cols)
         if max(lband, uband) > n / 2:
@@ -399,18 +417,20 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
         st["band_pos"] = (uband + rows - cols) * n + cols
     elif method == "LSODA":
         st["dense_pos"] = rows * n + cols
-    order = np.lexsort((rows, cols))                    # CSC: by column, then row
-    st["perm"] = order
-    st["csc_indices"] = rows[order].astype(np.int32)
-    st["csc_indptr"] = np.r_[0, np.cumsum(np.bincount(cols, minlength=n))].astype(np.int32)
-    pattern = csc_matrix((np.ones(rows.size), st["csc_indices"].copy(), st["csc_indptr"].copy()),
-                         shape=(n, n))
-    prob = IvpProblem(r, j, plan, yv, tuple(r.names), pv, fv, method, bool(banded), lband, uband,
+    from ..layouts.types import Csc
+    csc = j.plan(Csc(), source=r)
+    if METHODS[method] and method != "LSODA":
+        st["run_csc"] = j.bind(csc, ws, keep_point=False)
+    ip, ix, _ = csc.sparse_index(ws.lanes)
+    st["csc_indptr"], st["csc_indices"] = _ro_index(ip), _ro_index(ix)
+    pattern = csc_matrix((np.ones(ix.size), st["csc_indices"], st["csc_indptr"]), shape=(n, n))
+    prob = IvpProblem(r, j, plan, yv, r.names, pv, fv, method, bool(banded), lband, uband,
                       pattern, st)
     if st["threads"] == "measure":
         st["threads"] = None
         _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)   # both twins compiled
-        st["threads"] = _measure_threads(lambda: (prob.fun(0.0, yv), prob.jac_data(0.0, yv)))
+        st["threads"] = _measure_threads(lambda: (prob.fun(0.0, yv),
+                                                  prob.jac(0.0, yv) if METHODS[method] else None))
     _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)
     prob.reset_counters()
     return prob
@@ -432,28 +452,31 @@ def _warm_calls(fun, jac, y0) -> None:
             raise
 
 
+def _ro_index(a: np.ndarray) -> np.ndarray:
+    """A read-only int32 copy of an index array (SciPy's index dtype below
+    2³¹ entries), shared by every matrix a problem returns."""
+    out = np.array(a, dtype=np.int32 if a.size < 2**31 - 1 else np.int64)
+    out.setflags(write=False)
+    return out
+
+
 # ---------------------------------------------------------------------------
 # esmjac plugin (entry point ``esmjac.adapters: scipy``) -- keep below
 # ---------------------------------------------------------------------------
 
-_KINDS = ("scipy.ivp",)
 
 
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
+def esmjac_adapter() -> Adapter:
     version = dist_version("scipy")
+    kinds = {"scipy.ivp": ivp}
     if module_available("scipy"):  # top level only: find_spec("scipy.integrate") would import scipy
-        return AdapterInfo("scipy", version, _KINDS, True,
+        return Adapter("scipy", version, kinds, True,
                            f"scipy {version or '(version unknown)'} (scipy.integrate.solve_ivp)")
-    return AdapterInfo("scipy", version, _KINDS, False,
+    return Adapter("scipy", version, kinds, False,
                        "scipy is not installed; pip install 'scipy>=1.10'")
 
 
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "scipy.ivp":
-        return ivp(source, **options)
-    return None
 
 
 # ---------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..plugins.hookspecs import AdapterInfo, hookimpl
+from ..plugins.hookspecs import Adapter, hookimpl
 
 __all__ = ["cvode", "ida", "SundialsProblem"]
 
@@ -99,24 +99,30 @@ def _odes():
 # ---------------------------------------------------------------------------
 
 class _BlockPC:
-    """Dense per-cell blocks ``(cells, ns, ns)`` of ``I − γJ``: a cell
-    program's ``LaneBlocks``, or a gridded global program's same-point CSR
-    entries. ``factor`` inverts all blocks in one batched LAPACK call
-    (``numpy.linalg.inv``: getrf + getri per block), ``solve`` is one
-    batched mat-vec."""
+    """Per-cell blocks of ``I − γJ`` in lane storage, factored once per
+    preconditioner setup and solved per Krylov iteration (KPP style: the
+    lane-parallel sparse LU of ``linalg.sparse_lu``, no pivoting; these
+    blocks are diagonally weighted for the step sizes CVODE takes, and a
+    zero/NaN pivot is reported to CVODE as a recoverable failure). A cell
+    program's blocks are its ``LaneSparseBlocks`` (Markowitz order, fill-in
+    included, written directly by the bound Jacobian); a gridded global
+    program's are its same-point CSR entries (dense natural-order blocks)."""
 
     name = "block"
 
     def __init__(self, r, j, plan_csr):
-        from ..layouts.types import LaneBlocks
+        from ..linalg.sparse_lu import SparseLaneLU
         self.j = j
         self.lay = r.layout
+        self.ns = ns = len(r.layout.states)
         if j.kind == "cell":
-            self.plan = j.plan(LaneBlocks(), source=r)
-            n, m = self.plan.info["block"]
-            self.ns, self.N = int(n), int(j.cells)
-            self.ws = j.new_workspace()
-            self.buf = np.empty(self.plan.out_size(self.ws.lanes))
+            self.plan = j.plan(_untiled_lsb(), source=r)
+            self.N = N = int(j.cells)
+            pattern = [tuple(x) for x in self.plan.info["lu_pattern"]]
+            self.order = np.asarray(self.plan.info["ordering"], dtype=np.int64)
+            self.ws = j.new_workspace(keep_slab=True)       # jtimes='setup' applies its slab
+            self.J = np.empty(self.plan.out_size(self.ws.lanes))
+            self.buf = self.J
             self.sel = None
         else:
             lay = r.layout
@@ -129,41 +135,63 @@ class _BlockPC:
             from .scipy import _pattern
             self.plan = plan_csr
             rows, cols, _ = _pattern(plan_csr)
-            self.ns = len(lay.states)
-            self.N = int(np.prod(next(iter(shapes))))
-            sr, cr = np.divmod(rows, self.N)
-            sc, cc = np.divmod(cols, self.N)
+            self.N = N = int(np.prod(next(iter(shapes))))
+            sr, cr = np.divmod(rows, N)
+            sc, cc = np.divmod(cols, N)
             keep = cr == cc
             self.sel = np.flatnonzero(keep)
-            self.dest = (cr[keep] * self.ns + sr[keep]) * self.ns + sc[keep]
-            self.ws = j.new_workspace()
+            pattern = [(a, b) for a in range(ns) for b in range(ns)]
+            self.order = np.arange(ns, dtype=np.int64)
+            self.dest = (sr[keep] * ns + sc[keep]) * N + cr[keep]   # slot q = r*ns + c, lane = point
+            self.ws = j.new_workspace(keep_slab=True)
             self.buf = np.empty(plan_csr.out_size(self.ws.lanes))
-        self.J = None
-        self.Minv = None
+            self.J = np.zeros(ns * ns * N)
+        self.lu = SparseLaneLU(ns, pattern)
+        self.M = np.empty_like(self.J)
+        diag = np.asarray(self.lu.diag_slots, dtype=np.int64)
+        self.diag = (diag[:, None] * N + np.arange(N)[None, :]).ravel()
+        self.b = np.empty((ns, N))
+        self.run = j.bind(self.plan, self.ws, keep_point=False)
+        self.evaluated = False
+        self.factored = False
 
     @property
     def ready(self) -> bool:
-        return self.J is not None
+        return self.evaluated
+
+    def reset(self) -> None:
+        """Forget the evaluated Jacobian (its buffers are kept)."""
+        self.evaluated = self.factored = False
 
     def evaluate(self, t, y, p, forcing) -> None:
-        self.j.eval_into(self.plan, y, p, t, forcing, self.buf, self.ws)
-        ns, N = self.ns, self.N
-        if self.sel is None:        # LaneBlocks: (r*n + c)*L + l
-            self.J = np.ascontiguousarray(self.buf.reshape(ns, ns, N).transpose(2, 0, 1))
-        else:
-            J = np.zeros(N * ns * ns)
-            J[self.dest] = self.buf[self.sel]
-            self.J = J.reshape(N, ns, ns)
+        self.run(y, p, t, forcing, self.buf)
+        if self.sel is not None:
+            self.J[self.dest] = self.buf[self.sel]
+        self.evaluated = True
 
     def factor(self, gamma: float) -> None:
-        M = -gamma * self.J
-        M[:, np.arange(self.ns), np.arange(self.ns)] += 1.0
-        self.Minv = np.linalg.inv(M)        # batched LAPACK getrf/getri
+        np.multiply(self.J, -gamma, out=self.M)
+        self.M[self.diag] += 1.0
+        bad = self.lu.factor_status(self.M, self.N)
+        self.factored = bad is None
+        if bad is not None:
+            raise np.linalg.LinAlgError(f"zero or NaN pivot in cell {bad[0]} (elimination row {bad[1]})")
 
     def solve(self, r, z) -> None:
-        R = r.reshape(self.ns, self.N).T
-        Z = np.matmul(self.Minv, R[:, :, None])[:, :, 0]
-        z[:] = Z.T.reshape(-1)
+        R = np.asarray(r).reshape(self.ns, self.N)
+        np.take(R, self.order, axis=0, out=self.b)
+        self.lu.solve(self.M, self.b.reshape(-1), self.N)
+        z.reshape(self.ns, self.N)[self.order] = self.b
+
+
+def _untiled_lsb():
+    """``LaneSparseBlocks`` with lanes fastest (``q*L + l``), the storage
+    the lane LU reads."""
+    from ..layouts.types import LaneSparseBlocks
+    try:
+        return LaneSparseBlocks(tile=None)
+    except TypeError:                   # a layout without tiles: lanes fastest already
+        return LaneSparseBlocks()
 
 
 class _BandedPC:
@@ -174,7 +202,7 @@ class _BandedPC:
     def __init__(self, r, j, axis):
         from ..layouts.types import ColumnBanded
         self.j = j
-        self.plan = j.plan(ColumnBanded(axis), source=r)
+        self.plan = j.plan(ColumnBanded(axis, tile=None), source=r)   # one column's band per lane
         info = self.plan.info
         self.kl, self.ku = int(info["kl"]), int(info["ku"])
         self.m, self.C = int(info["m"]), int(info["columns"])
@@ -200,6 +228,11 @@ class _BandedPC:
     @property
     def ready(self) -> bool:
         return self.AB is not None
+
+    def reset(self) -> None:
+        """Forget the evaluated Jacobian and its factors."""
+        self.AB = None
+        self.lu = []
 
     def evaluate(self, t, y, p, forcing) -> None:
         self.j.eval_into(self.plan, y, p, t, forcing, self.buf, self.ws)
@@ -293,8 +326,8 @@ class SundialsProblem:
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array``."""
         from scipy.sparse import csr_array
         data = self._eval_user(t, y).copy()
-        return csr_array((data, np.array(self.plan.indices), np.array(self.plan.indptr)),
-                         shape=(self.n, self.n))
+        ip, ix, _ = self.plan.csr_index(self._st["ws_user"].lanes)
+        return csr_array((data, ix, ip), shape=(self.n, self.n))
 
     def jv(self, t, y, v) -> np.ndarray:
         """``J v`` at (t, y)."""
@@ -473,8 +506,11 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     yv, pv, fv = _inputs(r, y0, p, forcing)
     rows, cols, n = _pattern(plan)
     linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
-    st: dict = {"error": None, "scratch": r.new_buffers(), "scratch_user": r.new_buffers(),
-                "ws_dense": j.new_workspace(), "ws_jv": j.new_workspace(), "ws_user": j.new_workspace()}
+    st: dict = {"error": None, "scratch_user": r.new_buffers(),
+                "ws_dense": j.new_workspace(keep_slab=False), "ws_jv": j.new_workspace(keep_slab=True),
+                "ws_user": j.new_workspace()}
+    # Bound calls: every check and kernel choice made here, once.
+    st["run_f"] = run_f = r.bind()
     st["dense_buf"] = np.empty(plan.out_size(st["ws_dense"].lanes))
     st["jv_buf"] = np.empty(plan.out_size(st["ws_jv"].lanes))
     st["user_buf"] = np.empty(plan.out_size(st["ws_user"].lanes))
@@ -485,14 +521,22 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     sign = -1.0 if kind == "ida" else 1.0
     diag = np.arange(n)
 
+    binds: dict = {}
+
+    def bound(name):
+        b = binds.get(name)
+        if b is None:
+            b = binds[name] = j.bind(plan, st[name], keep_point=False)
+        return b
+
     def eval_dense(t, y):
         st["njev"] += 1
-        j.eval_into(plan, np.ascontiguousarray(y), pv, float(t), fv, st["dense_buf"], st["ws_dense"])
+        bound("ws_dense")(np.ascontiguousarray(y), pv, t, fv, st["dense_buf"])
         return st["dense_buf"]
 
     def eval_jv(t, y):
         st["njtsetup"] += 1
-        j.eval_into(plan, np.ascontiguousarray(y), pv, float(t), fv, st["jv_buf"], st["ws_jv"])
+        bound("ws_jv")(np.ascontiguousarray(y), pv, t, fv, st["jv_buf"])
         st["jv_ready"] = True
 
     def apply_jv(v, Jv):
@@ -506,7 +550,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     if kind == "cvode":
         def rhsfn(t, y, ydot):
             st["nfev"] += 1
-            r.eval_into(y, pv, t, fv, ydot, st["scratch"])
+            run_f(y, pv, t, fv, ydot)
             return 0
         fns["rhsfn"] = _guard(st, rhsfn)
     else:
@@ -514,7 +558,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
 
         def resfn(t, y, yp, result):
             st["nfev"] += 1
-            r.eval_into(y, pv, t, fv, tmp, st["scratch"])
+            run_f(y, pv, t, fv, tmp)
             np.subtract(yp, tmp, out=result)
             return 0
         fns["resfn"] = _guard(st, resfn)
@@ -617,7 +661,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     except ValueError as exc:
         raise JacError("bad_option", f"scikits.odes refused the {kind} options: {exc}") from exc
     shown = {k: v for k, v in opts.items() if not callable(v)}
-    prob = SundialsProblem(kind, solver, r, j, plan, yv, tuple(r.names), pv, fv, linsolver, precond,
+    prob = SundialsProblem(kind, solver, r, j, plan, yv, r.names, pv, fv, linsolver, precond,
                            shown, fns.get("rhsfn"), fns.get("resfn"), fns.get("jacfn"),
                            fns.get("jac_times_setupfn"), fns.get("jac_times_vecfn"),
                            fns.get("prec_setupfn"), fns.get("prec_solvefn"), st, note)
@@ -676,8 +720,7 @@ def _warm(prob: "SundialsProblem", fns: dict) -> None:
             prob._run(pc.evaluate, 0.0, y, prob.p, prob.forcing)
             pc.factor(0.0)
             prob._run(pc.solve, y, np.empty_like(y))
-            pc.J = pc.Minv = pc.AB = None
-            pc.lu = []
+            pc.reset()
     except JacError as exc:
         if exc.code != "evaluation_error":
             raise
@@ -736,7 +779,6 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
 # esmjac plugin (entry point ``esmjac.adapters: sundials``) -- keep below
 # ---------------------------------------------------------------------------
 
-_KINDS = ("sundials.cvode", "sundials.ida")
 
 
 def _find_odes() -> bool:
@@ -759,26 +801,20 @@ def _find_odes() -> bool:
 
 
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
+def esmjac_adapter() -> Adapter:
     try:
         version = importlib.metadata.version("scikits.odes")
     except importlib.metadata.PackageNotFoundError:
         version = ""
+    kinds = {"sundials.cvode": cvode, "sundials.ida": ida}
     if _find_odes():
-        return AdapterInfo("sundials", version, _KINDS, True,
+        return Adapter("sundials", version, kinds, True,
                            f"scikits.odes {version or '(version unknown)'} (SUNDIALS CVODE/IDA)")
-    return AdapterInfo("sundials", version, _KINDS, False,
+    return Adapter("sundials", version, kinds, False,
                        "scikits.odes is not installed; pip install 'esmjac[sundials]' "
                        "(needs libsundials-dev), or use kind 'scipy.ivp'")
 
 
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "sundials.cvode":
-        return cvode(source, **options)
-    if kind == "sundials.ida":
-        return ida(source, **options)
-    return None
 
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..calculus import context
-from ..calculus.bands import Ctx, _push_index, is_array_expr, place_subregion
+from ..calculus.bands import Ctx, _same_rank, aggregate_box, is_array_expr, place_subregion, push_index
 from ..calculus.inline import inline_observed, range_of, region_bound
 from ..errors import JacError
 from ..model.expr import AGG, Node, free_names, mul, node, op, substitute
@@ -77,6 +77,7 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
         out.append((rows, names, mul(e, *scale)))
         return
     if isinstance(e, str):
+        _same_rank(e, len(shape), ctx)
         rows, names = _full(shape)
         out.append((rows, names, mul(node("index", [e, *names]), *scale)))
         return
@@ -104,27 +105,16 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
     else:
         # Elementwise over whole arrays: push the index inward.
         names = _names(shape)
-        body = _push_index(e, list(names), ctx)
+        body = push_index(e, list(names), ctx)
         out.append(([(1, n) for n in shape], names, mul(body, *scale)))
 
 
 def _aggregate(out: list, e: Node, ctx: Ctx, shape: tuple, scale: tuple) -> None:
-    oidx = list(e.attr("output_idx") or ())
-    if any(not isinstance(x, str) for x in oidx):
-        raise JacError("unsupported_construct", "singleton `1` output_idx entries are not compiled")
-    if e.attr("filter") is not None or e.attr("join") or e.attr("key") is not None or e.attr("arg"):
-        raise JacError("unsupported_construct", "filtered, joined, keyed or arg aggregates are not compiled")
-    if e.attr("reduce") not in (None, "+") or e.attr("semiring") not in (None, "sum_product"):
-        raise JacError("unsupported_construct", "only `+` reductions are compiled")
-    ranges = dict(e.attr("ranges") or ())
-    rows = []
-    for k, n in enumerate(oidx):
-        if n in ranges:
-            rows.append(range_of(ranges[n], ctx.index_sets))
-        elif k < len(shape):
-            rows.append((1, shape[k]))
-        else:
-            raise JacError("unsupported_construct", f"output index `{n}` has no range")
+    oidx, rows, ranges = aggregate_box(e, ctx, shape)
+    if len(oidx) != len(shape):
+        raise JacError("unsupported_construct",
+                       f"a rank-{len(oidx)} aggregate is broadcast into a rank-{len(shape)} array; "
+                       "bare-axis broadcasting is not compiled (give the aggregate every output index)")
     contracted = {n: list(range_of(r, ctx.index_sets)) for n, r in ranges.items() if n not in oidx}
     body = e.body
     if contracted:

@@ -18,6 +18,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,6 @@ from ..errors import JacError, typed_errors
 from . import checks as _checks
 from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
 from ..model.load import SystemView, load_view
-from ..reference.oracle import element_names
 
 __all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
 
@@ -42,6 +42,7 @@ PROGRAM_OPTIONS = {
     "tape_above": 1500,       # auto: statements above which a cell program is taped
     "cache": True,            # reuse whole build products from the on-disk cache
     "progress": None,         # build stages: None = a bar on a terminal (runtime.progress), True, False
+    "per_lane": (),           # scalar parameters read per lane from `forcing` (cell programs)
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -49,6 +50,9 @@ _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 #: of a parallel region costs more than the work (measured: 64 cells of a
 #: 15-species mechanism, 2-8 ms per call on 2 threads vs 7-30 µs on one).
 SERIAL_BELOW = 20000
+
+_NO_SLOTS = np.zeros(0, np.int64)
+_NO_SLOTS.setflags(write=False)
 
 
 def _one_thread() -> bool:
@@ -104,6 +108,66 @@ def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
     return out
 
 
+class ElementNames(Sequence):
+    """Element names of the state vector at a lane count, computed on access
+    (a 10⁶-cell program stores no 12 M strings): ``"Chem.O3[5]"`` — the names
+    ``earthsci_ast.evaluate_rhs`` gives the document (``lanes`` = its cell
+    count) or its lift to ``lanes`` cells (a box mechanism at ``lanes`` > 1).
+    Lanes past the document's cells (padding) repeat its last cell."""
+
+    __slots__ = ("_scope", "_states", "_shapes", "_cell", "_lanes", "_box", "_sizes", "_starts")
+
+    def __init__(self, lay: ModelLayout, kind: str, lanes: int):
+        self._scope = lay.scope
+        self._states = lay.states
+        self._box = lay.box
+        self._cell = tuple(lay.cell_shape) if kind == "cell" else None
+        self._lanes = lanes
+        if kind == "cell":
+            self._shapes = None
+            self._sizes = [lanes] * len(lay.states)
+        else:
+            self._shapes = [tuple(lay.shapes.get(s, ())) for s in lay.states]
+            self._sizes = [int(np.prod(sh)) if sh else 1 for sh in self._shapes]
+        self._starts = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def _name(self, i: int) -> str:
+        s = int(np.searchsorted(self._starts, i, side="right")) - 1
+        k = i - int(self._starts[s])
+        n = self._scope + self._states[s]
+        if self._shapes is not None:
+            sh = self._shapes[s]
+            return f"{n}[{','.join(str(x + 1) for x in np.unravel_index(k, sh))}]" if sh else n
+        if self._box:
+            return n if self._lanes == 1 else f"{n}[{k + 1}]"
+        ncell = int(np.prod(self._cell))
+        idx = np.unravel_index(min(k, ncell - 1), self._cell)
+        return f"{n}[{','.join(str(x + 1) for x in idx)}]"
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._name(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self._name(int(i))
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self._name(i)
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other) if isinstance(other, (Sequence, ElementNames)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"ElementNames({len(self)} elements)"
+
+
 def _check_vec(name: str, x, n: int, dtype=None, *, out: bool = False) -> np.ndarray:
     return _checks.vector(name, x, n, dtype, out=out)
 
@@ -122,8 +186,8 @@ def _defaults(view: SystemView, lay: ModelLayout) -> tuple:
     u0 = np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in lay.states]) \
         if lay.states else np.zeros(0)
     p0 = np.array([float(pt.values[n]) for n in lay.params], dtype=np.float64)
-    f0 = np.concatenate([np.ravel(np.asarray(pt.values[n], dtype=np.float64)) for n in lay.forcing]) \
-        if lay.forcing else np.zeros(0)
+    f0 = np.concatenate([np.broadcast_to(np.ravel(np.asarray(pt.values[n], dtype=np.float64)), (lay.size(n),))
+                         for n in lay.forcing]) if lay.forcing else np.zeros(0)
     return u0, p0, f0
 
 
@@ -141,6 +205,7 @@ class _Kernel:
     n_statements: int
     engine: str = "codegen"
     tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
+    counts_nonfinite: bool = False   # chunks return the non-finite values they stored
 
     def module(self):
         if self.engine == "tape":
@@ -204,6 +269,36 @@ class _Base:
     def n_species(self) -> int:
         return len(self.layout.states)
 
+    def element_names(self, lanes: int | None = None) -> ElementNames:
+        """Names of the state elements in ``u`` order at ``lanes`` lanes
+        (default: the document's cells), computed on access."""
+        if self.kind != "cell":
+            lanes = 1
+        return ElementNames(self.layout, self.kind, self.cells if lanes is None else int(lanes))
+
+    @property
+    def names(self) -> ElementNames:
+        """Element names in ``u`` order at the document's own cell count."""
+        return self.element_names()
+
+    row_names = names
+
+    def defaults(self, lanes: int | None = None) -> tuple:
+        """``(u0, p0, forcing0)`` from the document's defaults at ``lanes``
+        lanes (cell programs: lane ``l`` takes cell ``min(l, cells-1)``'s
+        values, so a box mechanism's defaults broadcast to every lane);
+        entries are None where the document gives no default."""
+        u0, p0, f0 = self.u0, self.p0, self.forcing0
+        if self.kind != "cell" or lanes is None or lanes == self.cells:
+            return u0, p0, f0
+        flat = np.minimum(np.arange(int(lanes)), self.cells - 1)
+
+        def spread(x, k):
+            if x is None:
+                return None
+            return np.ascontiguousarray(x.reshape(k, self.cells)[:, flat].ravel())
+        return spread(u0, len(self.layout.states)), p0, spread(f0, len(self.layout.forcing))
+
     def u_size(self, lanes: int) -> int:
         if self.kind == "cell":
             return len(self.layout.states) * lanes
@@ -221,8 +316,9 @@ class _Base:
         if kern.engine == "tape":
             from ..compile.tape import run_tape
             pro, body = kern.tapes
-            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg)
-            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg)
+            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
+                     0, 0, lanes, _NO_SLOTS)
             return
         mod = kern.module()
         mod.prologue(p, float(t), h)
@@ -248,15 +344,25 @@ class _Base:
         with _Serial(self.u_size(self.cells) if self.kind == "cell" else self.layout.n_state_elements):
             self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
+    def _forcing_default(self, lanes: int):
+        """The default forcing at ``lanes`` lanes (computed once per lane count)."""
+        memo = self.__dict__.setdefault("_fdefault", {})
+        if lanes not in memo:
+            f0 = self.defaults(lanes)[2]
+            if f0 is not None:
+                f0.setflags(write=False)
+            memo[lanes] = f0
+        return memo[lanes]
+
     def _forcing(self, forcing, lanes: int, dtype) -> np.ndarray:
         n = self.f_size(lanes)
         if forcing is None:
             if n == 0:
                 return np.zeros(1, dtype=dtype)
-            f0 = self.forcing0
-            if f0 is None or (self.kind == "cell" and lanes != self.cells):
-                raise JacError("bad_argument", "`forcing` is required (no defaults for this lane count)")
-            return np.ascontiguousarray(f0, dtype=dtype)
+            f0 = self._forcing_default(lanes)
+            if f0 is None:
+                raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
+            return f0 if f0.dtype == dtype else np.ascontiguousarray(f0, dtype=dtype)
         if n == 0:
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
@@ -285,7 +391,8 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     keyed = None
     if opts["cache"]:
         keyed = document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
-                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]))
+                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]),
+                             str(tuple(opts["per_lane"])))
     if keyed is not None:
         obj = load_product(keyed[0], _product_types())
         if obj is not None:
@@ -341,7 +448,6 @@ class RhsProgram(_Base):
     doc: EvalDoc
     layout: ModelLayout
     kind: str
-    names: tuple               # element names in ``u`` order (L = cells)
     param_names: tuple
     forcing_names: tuple
     u0: Any
@@ -361,14 +467,14 @@ class RhsProgram(_Base):
 
         def make():
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view)
+            lay = model_layout(view, opts["per_lane"])
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
             kern = _compile(doc, opts)
             _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements",
                    t0, "rhs")
             u0, p0, f0 = _defaults(view, lay)
-            return cls(doc, lay, doc.kind, tuple(element_names(view, list(lay.states))),
+            return cls(doc, lay, doc.kind,
                        lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
                        view.element_type)
 
@@ -406,6 +512,14 @@ class RhsProgram(_Base):
         lanes = _checks.lanes(lanes, 8 * (3 * len(self.layout.cell_shape) + 2), "scratch")
         cix = self._default_cix if lanes == default else lane_cells(self.layout.cell_shape, lanes)
         return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix, self._owner)
+
+    def bind(self, lanes: int | None = None, dtype=None, *, scratch: "_RhsScratch | None" = None):
+        """A bound call ``run(u, p, t, forcing, out)`` at ``lanes`` lanes
+        (default: the document's cells) and ``dtype`` (default: the declared
+        element type): checks and kernel choices made once, the first call
+        warm (see ``runtime.bound``). One binding per thread."""
+        from .bound import BoundRhs
+        return BoundRhs(self, lanes, dtype, scratch)
 
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   scratch: "_RhsScratch | None" = None) -> np.ndarray:
@@ -496,7 +610,7 @@ class JacWorkspace:
     lanes: int
     cix: np.ndarray
     h: np.ndarray
-    keep_slab: bool = True
+    keep_slab: bool = False
     slabs: dict = field(default_factory=dict)
     last_dtype: Any = None
     last_plan: Any = None
@@ -510,8 +624,13 @@ class JacWorkspace:
         return s
 
     def set_lane_order(self, order, cell_shape: tuple) -> None:
-        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes)."""
-        self.cix = lane_cells(cell_shape, self.lanes, order)
+        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes).
+        Written in place: bindings of this workspace read the same array."""
+        cix = lane_cells(cell_shape, self.lanes, order)
+        if cix.shape == self.cix.shape:
+            self.cix[:] = cix
+        else:
+            self.cix = cix
 
 
 @dataclass(frozen=True, eq=False)
@@ -524,7 +643,6 @@ class JacobianProgram(_Base):
     wrt: str
     bands: tuple               # JacEntry, read-only
     structure: str
-    row_names: tuple
     col_vars: tuple            # column variables, declaration order
     col_base: dict             # column variable → first global column
     n_cols: int
@@ -548,9 +666,9 @@ class JacobianProgram(_Base):
 
         def make():
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            bs = BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+            lay = model_layout(view, opts["per_lane"])
+            bs = _bandset(view, wrt, lay, opts)
             _stage(opts, f"calculus: {len(bs.entries)} bands ({bs.structure})", t0)
-            lay = model_layout(view)
             rdoc = rhs_doc(view, lay)
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
@@ -561,7 +679,7 @@ class JacobianProgram(_Base):
             u0, p0, f0 = _defaults(view, lay)
             fp = hashlib.sha256((kern.key + doc.to_json()).encode()).hexdigest()
             return cls(doc, lay, doc.kind, wrt, bs.entries, bs.structure,
-                       tuple(element_names(view, list(lay.states))), cvars, cbase, ncols, kern, fp,
+                       cvars, cbase, ncols, kern, fp,
                        _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
@@ -581,13 +699,14 @@ class JacobianProgram(_Base):
             return self.n_fields * lanes
         return int(self.meta["slab_size"])
 
-    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = True) -> JacWorkspace:
+    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = False) -> JacWorkspace:
         """Scratch for one thread; ``lanes`` ≥ cells pads (cell programs).
 
-        ``keep_slab=False`` lets ``eval_into`` write lane layouts directly
-        (fused kernels, no band slab: about half the memory traffic) for
-        callers that only need the matrix; ``apply``/``apply_transpose``/
-        ``contract`` then need a workspace that keeps the slab."""
+        By default ``eval_into`` writes lane layouts directly, tile by tile
+        (no band slab: about half the memory traffic), and ``apply``/
+        ``apply_transpose`` evaluate the band slab from the workspace's copy
+        of the point when first asked; ``keep_slab=True`` evaluates it in
+        every ``eval_into`` instead (the same bits; only when it is spent)."""
         if self.kind == "global":
             if lanes is not None and (isinstance(lanes, bool) or lanes != 1):
                 raise JacError("bad_argument", "a global-lane program has exactly one lane")
@@ -619,6 +738,18 @@ class JacobianProgram(_Base):
         if plan.fingerprint != self.fingerprint:
             raise JacError("foreign_layout", "this plan was built for another JacobianProgram")
 
+    def bind(self, plan, ws: JacWorkspace, dtype=np.float64, *, keep_point: bool = False):
+        """A bound call ``run(u, p, t, forcing, out)`` of ``eval_into`` for
+        ``plan``, ``ws`` and ``dtype``: plan, workspace, lanes, sizes and
+        dtype checked once, every kernel the calls need compiled now (the
+        first call is warm), per call only attribute checks of the
+        arguments (see ``runtime.bound``). ``contract`` reads the point of
+        the last call on ``ws`` only with ``keep_point=True`` (a copy per
+        call into buffers of the binding); by default a bound call leaves no
+        point, and ``contract`` asks for an ``eval_into`` first."""
+        from .bound import BoundJacobian
+        return BoundJacobian(self, plan, ws, dtype, keep_point=keep_point)
+
     def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   ws: JacWorkspace) -> np.ndarray:
         """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing).
@@ -638,18 +769,21 @@ class JacobianProgram(_Base):
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
         with _Serial(u.shape[0]):
-            if not ws.keep_slab and plan.kind == "lane" and self.kernel.engine == "codegen":
-                self._run_fused(plan, u, pv, t, f, out, ws, L)
+            bad = None
+            if not ws.keep_slab and plan.kind == "lane" and (self.kernel.engine == "codegen" or plan.tiled):
+                bad = self._run_fused(plan, u, pv, t, f, out, ws, L)
                 ws.last_dtype = None
             else:
                 B = ws.slab(u.dtype, self.slab_size(L))
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
                 plan.scatter(B, L, out)
                 ws.last_dtype = u.dtype
-            bad = _checks.any_nonfinite(out)
+            if bad is None:              # the tile kernels count while they store
+                bad = _checks.any_nonfinite(out)
         ws.last_plan = plan.fingerprint
         ws.second.pop("state", None)
-        ws.second["point"] = (u.copy(), pv.copy(), t, f.copy())
+        su, sp, sf = _snapshot(ws, u, pv, f)
+        ws.second["point"] = (su, sp, t, sf)
         if bad:
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
@@ -663,29 +797,66 @@ class JacobianProgram(_Base):
             dest = list(zip(a["fa"].tolist(), a["fb"].tolist(), a["fs"].tolist()))
             zeros = list(zip(a["za"].tolist(), a["zb"].tolist(), a["zs"].tolist()))
             g = run_deep(generate, self.doc, max_stmts=PROGRAM_OPTIONS["max_stmts"],
-                         title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
-            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
+                         title=f"direct writes for layout {plan.layout.name}"
+                               + (f", tile {plan.tile}" if plan.tiled else ""),
+                         dest=dest, zeros=zeros, tile=plan.tile if plan.tiled else None,
+                         nslots=int(plan.info["slots_per_lane"]))
+            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
+                        counts_nonfinite=g.counts_nonfinite)
             plan._cache["fused_kernel"] = k
         return k
 
-    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
-        _recovering(self._run_fused_once, out, plan, u, p, t, f, out, ws, L)
+    def _fused_tape(self, plan) -> tuple:
+        """The tape engine's direct-write body for a tiled plan (slot stores,
+        cached on the plan) and the slots no band reaches."""
+        k = plan._cache.get("fused_tape")
+        if k is None:
+            from ..compile.codegen import tape_program
+            pro, body, _ = run_deep(tape_program, self.doc, [int(a) for a in plan.arrays["fa"]])
+            zs = np.ascontiguousarray(plan.arrays["za"], dtype=np.int64)
+            zs.setflags(write=False)
+            k = plan._cache["fused_tape"] = (pro, body, zs)
+        return k
 
-    def _run_fused_once(self, plan, u, p, t, f, out, ws, L) -> None:
+    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> int | None:
+        """Direct writes into ``plan``'s slots; the number of non-finite
+        values stored when the kernels count them (tiles), else None."""
+        return _recovering(self._run_fused_once, out, plan, u, p, t, f, out, ws, L)
+
+    def _run_fused_once(self, plan, u, p, t, f, out, ws, L):
+        if self.kernel.engine == "tape":
+            from ..compile.tape import run_tape
+            pro, body, zs = self._fused_tape(plan)
+            h = ws.h
+            run_tape(pro.code, pro.consts, u, f, p, float(t), h, ws.cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            W = plan.tile_width(L)
+            run_tape(body.code, body.consts, u, f, p, float(t), h, ws.cix, out, L, body.nreg,
+                     W, int(plan.info["slots_per_lane"]), plan.capacity(L), zs)
+            return None
         kern = self._fused_kernel(plan)
         mod = kern.module()
         h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
         mod.prologue(p, float(t), h)
         pre = "sfl" if _one_thread() else "fl"
+        bad = 0
         for name in kern.chunks:
-            getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
+            bad += getattr(mod, pre + name)(u, f, h, ws.cix, out, L) or 0
+        return bad if kern.counts_nonfinite else None
 
     def _slab_of(self, ws: JacWorkspace):
+        """The band slab at the point of the last ``eval_into``: kept by it
+        (``keep_slab=True``) or evaluated now from the workspace's copy of
+        that point (direct writes keep no slab), once per ``eval_into``."""
         if ws.last_dtype is None:
-            if not ws.keep_slab:
-                raise JacError("bad_argument", "this workspace keeps no band slab (keep_slab=False); "
-                               "use new_workspace(keep_slab=True) for apply/apply_transpose/contract")
-            raise JacError("bad_argument", "call eval_into first: apply/apply_transpose reuse its band slab")
+            pt = ws.second.get("point")
+            if pt is None:
+                raise JacError("bad_argument", "call eval_into first: apply/apply_transpose use the Jacobian "
+                               "at its point")
+            u, pv, t, f = pt
+            B = ws.slab(u.dtype, self.slab_size(ws.lanes))
+            with _Serial(u.shape[0]):
+                self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, ws.lanes)
+            ws.last_dtype = u.dtype
         return ws.slabs[ws.last_dtype]
 
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -746,11 +917,39 @@ class JacobianProgram(_Base):
         return contract(self, plan, ws2, lam, v, out)
 
 
+def _snapshot(ws: JacWorkspace, u, pv, f) -> tuple:
+    """Copies of the point into buffers the workspace keeps (no allocation
+    per call): ``contract`` and a lazily evaluated slab see the point of the
+    last ``eval_into``, whatever the caller does with its arrays afterwards."""
+    snap = ws.second.get("snap")
+    if snap is None or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(snap, (u, pv, f))):
+        snap = (np.empty_like(u), np.empty_like(pv), np.empty_like(f))
+        ws.second["snap"] = snap
+    for a, b in zip(snap, (u, pv, f)):
+        np.copyto(a, b)
+    return snap
+
+
+def _bandset(view, wrt: str, lay: ModelLayout, opts: dict) -> BandSet:
+    """The bands of ∂f/∂wrt; with ``per_lane`` parameters, ``forcing``
+    columns include them (the calculus sees them as scalar parameters)."""
+    if wrt == "forcing" and lay.per_lane:
+        import dataclasses
+        bs = BandSet.build(view, wrt="parameters", options={"allow_empty": bool(opts["allow_empty"])})
+        keep = set(lay.forcing)
+        return dataclasses.replace(bs, wrt="forcing", entries=tuple(e for e in bs.entries if e.col in keep))
+    return BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+
+
 def _colspace(lay: ModelLayout, wrt: str) -> tuple:
     if wrt == "states":
         cvars = lay.states
     elif wrt == "parameters":
         cvars = lay.all_params
+        if lay.per_lane:
+            # Per-lane columns first, as the cell kernels number them
+            # (lane columns c*L + l, scalar ones after every lane).
+            cvars = lay.forcing + tuple(v for v in lay.all_params if v not in lay.forcing)
     elif wrt == "forcing":
         cvars = lay.forcing
     else:
