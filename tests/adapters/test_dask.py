@@ -27,6 +27,7 @@ import dask.array as da  # noqa: E402
 
 from esmjac import JacobianProgram, LaneBlocks, LaneSparseBlocks, RhsProgram  # noqa: E402
 from esmjac.adapters import dask as ad  # noqa: E402
+from esmjac.layouts.types import untile  # noqa: E402
 from esmjac.errors import JacError  # noqa: E402
 from esmjac.models.gridded import diffusion_model, gridded_tropo12  # noqa: E402
 
@@ -65,7 +66,7 @@ def case():
         pl = j.plan(lay, source=r)
         ws = j.new_workspace()
         out = j.eval_into(pl, uf, j.p0, 0.0, fj, np.zeros(pl.out_size(N)), ws)
-        ref[lay.name] = out.reshape(-1, N)
+        ref[lay.name] = untile(out, int(pl.info["slots_per_lane"]), N, pl.tile_width(N))   # [slot, lane]
         if isinstance(lay, LaneSparseBlocks):
             ref["apply"] = j.apply(pl, ws, np.ascontiguousarray(v.ravel()), np.zeros(uf.size)).reshape(ns, N)
             ref["apply_t"] = j.apply_transpose(pl, ws, np.ascontiguousarray(lam.ravel()),

@@ -24,7 +24,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -291,13 +291,8 @@ class RosenbrockLeaf:
 
     @staticmethod
     def _rtol(rtol) -> float:
-        try:
-            r = float(rtol)
-        except (TypeError, ValueError):
-            raise JacError("bad_option", f"rtol must be a number, got {rtol!r}") from None
-        if not (r > 0.0 and math.isfinite(r)):
-            raise JacError("bad_option", f"rtol must be positive, got {rtol!r}")
-        return r
+        from ..integrators.rosenbrock import positive_number
+        return positive_number("rtol", rtol, "bad_option")
 
     def _atol(self, atol) -> np.ndarray:
         n = self.n_species
@@ -334,13 +329,8 @@ class RosenbrockLeaf:
             if h0.ndim != 1 or not np.all(h0 > 0) or not np.all(np.isfinite(h0)):
                 raise JacError("bad_argument", "h0 must be positive (a number or one value per lane)")
             return np.ascontiguousarray(h0, dtype=np.float64)
-        try:
-            v = float(h0)
-        except (TypeError, ValueError):
-            raise JacError("bad_argument", f"h0 must be a number or an array, got {h0!r}") from None
-        if not (v > 0 and math.isfinite(v)):
-            raise JacError("bad_argument", f"h0 must be positive, got {h0!r}")
-        return v
+        from ..integrators.rosenbrock import positive_number
+        return positive_number("h0", h0)
 
     def lanes_of(self, u) -> int:
         """The lane count of a state vector (``u.size // n_species``)."""

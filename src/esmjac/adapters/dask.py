@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
+from ..layouts.types import untile
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
@@ -334,6 +335,8 @@ def _jac_block(u, f, spec, layout, p, t, threads, block_info=None):
     ws = _jac_ws(spec, b, w, _start(block_info))
     with _Threads(threads):
         b.jac.eval_into(plan, uu, p, t, _flat(f, u.dtype), out, ws)
+    if plan.tiled:             # [slot, lane] blocks: undo the lane tiles
+        return untile(out, int(plan.info["slots_per_lane"]), w, plan.tile_width(w))
     return out.reshape(-1, w)
 
 

@@ -43,7 +43,18 @@ def _programs(source, model, build_options):
     from ..runtime.programs import JacobianProgram, RhsProgram
     # The Jacobian first: a model the calculus refuses is refused with the
     # same code (underivable_operator...) as ``esmjac bands`` gives it.
-    j = JacobianProgram.build(source, model, "states", options=build_options)
+    try:
+        j = JacobianProgram.build(source, model, "states", options=build_options)
+    except JacError as exc:
+        # A right-hand side that provably reads no state (every observed
+        # inlined) has the zero Jacobian; the empty-bands gate guards misreads.
+        from ..calculus import state_independent
+        from ..model.load import load_view
+        if exc.code != "empty_bands" or (build_options or {}).get("allow_empty") is False \
+                or not state_independent(load_view(source, model)):
+            raise
+        j = JacobianProgram.build(source, model, "states",
+                                  options={**(build_options or {}), "allow_empty": True})
     r = RhsProgram.build(source, model, options=build_options)
     plan = j.plan(Csr(), source=r)
     return r, j, plan

@@ -202,7 +202,7 @@ class _BandedPC:
     def __init__(self, r, j, axis):
         from ..layouts.types import ColumnBanded
         self.j = j
-        self.plan = j.plan(ColumnBanded(axis), source=r)
+        self.plan = j.plan(ColumnBanded(axis, tile=None), source=r)   # one column's band per lane
         info = self.plan.info
         self.kl, self.ku = int(info["kl"]), int(info["ku"])
         self.m, self.C = int(info["m"]), int(info["columns"])

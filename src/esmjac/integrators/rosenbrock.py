@@ -22,10 +22,13 @@ Methods (coefficients in the transformed "KPP" form of Hairer & Wanner,
 * ``"ros3"`` — 3 stages, order 3(2), L-stable, γ ≈ 0.4358665. Same source;
   the transformed coefficients are the published 32-digit values.
 
-Why one step size for all lanes: lanes advance in lock-step so every kernel
-is a uniform loop over lanes with no per-lane control flow. The price is that
-the stiffest lane sets the step for all, which is the usual trade for
-vectorised chemistry (as in KPP's vector mode).
+This module's :func:`rosenbrock` is the *shared-step* driver for arbitrary
+callables over all lanes: lanes advance in lock-step with one step size,
+so the stiffest lane sets the pace (the usual trade of vectorised chemistry,
+and NCAR MICM's known weakness). The native leaf
+(:func:`esmjac.adapters.native.rosenbrock`) uses the per-lane engine of
+:mod:`esmjac.integrators.lanestep` instead — every lane its own step size —
+with these same tableaus.
 """
 from __future__ import annotations
 
@@ -304,6 +307,17 @@ def _pos_int(name, v) -> int:
     return int(v)
 
 
+def positive_number(name: str, v, code: str = "bad_argument") -> float:
+    """``float(v)`` if it is a finite positive number, else a typed refusal."""
+    try:
+        r = float(v)
+    except (TypeError, ValueError):
+        raise JacError(code, f"{name} must be a number, got {v!r}") from None
+    if not (r > 0.0 and math.isfinite(r)):
+        raise JacError(code, f"{name} must be positive, got {v!r}")
+    return r
+
+
 def _perm_arrays(perm, n):
     if perm is None:
         p = np.arange(n, dtype=np.int64)
@@ -415,12 +429,7 @@ def rosenbrock(
     at = np.ascontiguousarray(at)
 
     if h0 is not None:
-        try:
-            h0 = float(h0)
-        except (TypeError, ValueError):
-            raise JacError("bad_argument", f"h0 must be a number, got {h0!r}") from None
-        if not (h0 > 0.0 and math.isfinite(h0)):
-            raise JacError("bad_argument", f"h0 must be positive, got {h0!r}")
+        h0 = positive_number("h0", h0)
 
     span = tf - t0
     res = RosenbrockResult(t0, Y, 0, 0, 0, 0, 0, 0, 0, True, "", 0.0)

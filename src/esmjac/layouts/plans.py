@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import JacError
 from ..model.expr import Node, is_lit
 from ..linalg.factorization import block_order
-from .types import ColumnBanded, Csc, Csr, LaneBlocks, LaneSparseBlocks
+from .types import ColumnBanded, Csc, Csr, LaneBlocks, LaneSparseBlocks, tile_capacity, tile_index, tile_width
 
 __all__ = ["ScatterPlan", "build_plan", "field_meta"]
 
@@ -237,9 +237,30 @@ class ScatterPlan:
     def __setstate__(self, d):
         self.__dict__.update(d)
 
+    @property
+    def tiled(self) -> bool:
+        """Whether this is a lane plan stored in tiles (LaneBlocks, LaneSparseBlocks)."""
+        return self.kind == "lane" and "tile" in self.info
+
+    @property
+    def tile(self) -> int | None:
+        """The layout's tile width option (None: one tile of the whole capacity)."""
+        return self.info.get("tile")
+
+    def tile_width(self, lanes: int) -> int:
+        """The tile width ``W`` at ``lanes`` lanes: slot ``q`` of lane ``l``
+        is at ``((l // W)*nslots + q)*W + l % W`` (layouts.types)."""
+        if self.kind == "lane":
+            return tile_width(self.info.get("tile"), lanes) if self.tiled else lanes
+        return int(self.info.get("tile_width", lanes))
+
+    def capacity(self, lanes: int) -> int:
+        """Stored lanes at ``lanes`` workspace lanes (padded to a multiple of the tile)."""
+        return tile_capacity(self.info.get("tile"), lanes) if self.tiled else lanes
+
     def out_size(self, lanes: int) -> int:
         if self.kind == "lane":
-            return int(self.info["slots_per_lane"]) * lanes
+            return int(self.info["slots_per_lane"]) * self.capacity(lanes)
         return int(self.info["size"])
 
     def check_lanes(self, lanes: int) -> None:
@@ -251,7 +272,10 @@ class ScatterPlan:
     def scatter(self, B: np.ndarray, L: int, out: np.ndarray) -> None:
         from ..runtime import kernels as K
         a = self.arrays
-        if self.kind == "lane":
+        if self.tiled:
+            K.tile_gather(B, L, self.tile_width(L), int(self.info["slots_per_lane"]),
+                          a["ptr"], a["src"], a["a"], out)
+        elif self.kind == "lane":
             K.lane_gather(B, L, a["ptr"], a["src"], a["a"], a["b"], a["stride"], out)
         else:
             if self.info.get("zero_first"):
@@ -260,7 +284,7 @@ class ScatterPlan:
 
     # -- serialization --------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"esmjac_plan": 1, "layout": self.layout.name, "kind": self.kind,
+        return {"esmjac_plan": 2, "layout": self.layout.name, "kind": self.kind,
                 "lanes": self.lanes,
                 "info": self.info,
                 "arrays": {k: v.tolist() for k, v in sorted(self.arrays.items())}}
@@ -512,6 +536,7 @@ def _lane_blocks(prog, layout) -> tuple:
         a = np.arange(len(keys), dtype=_I)
     info["slots_per_lane"] = len(keys)
     info["unit_stride"] = True
+    info["tile"] = layout.tile
     arrays = dict(ptr=ptr, src=src, a=a, b=np.zeros(len(keys), _I), stride=np.ones(len(keys), _I))
     arrays.update(_fused(arrays, prog.n_fields))
     return "lane", arrays, info, None
@@ -623,13 +648,25 @@ def _column_banded(prog, layout: ColumnBanded) -> tuple:
                        f"the Jacobian is not banded along axis {axis} (bandwidths {kl}/{ku} of {m} "
                        "unknowns per column, e.g. a periodic wrap-around); band storage would be "
                        "mostly zeros — use Csr()")
-    pos = ((ku + ri - ci) * m + ci) * C + rl
+    nslots = (kl + ku + 1) * m
+    Wc = tile_width(layout.tile, C)
+    cap = tile_capacity(layout.tile, C)
+    q = (ku + ri - ci) * m + ci
+    j = j.astype(_I)
+    if cap > C:                 # padding columns: copies of the last real column
+        last = rl == C - 1
+        extra = np.arange(C, cap, dtype=_I)
+        q = np.concatenate([q, np.tile(q[last], extra.size)])
+        j = np.concatenate([j, np.tile(j[last], extra.size)])
+        rl = np.concatenate([rl, np.repeat(extra, int(last.sum()))])
+    pos = tile_index(q, rl, nslots, Wc)
     o = _csr_order(pos, j, j.size)
     p_sorted = pos[o]
     new = np.r_[True, p_sorted[1:] != p_sorted[:-1]] if p_sorted.size else np.zeros(0, bool)
     ptr = np.r_[np.flatnonzero(new), p_sorted.size].astype(_I) if p_sorted.size else np.zeros(1, _I)
     arrays = dict(ptr=ptr, src=j[o].astype(_I), pos=p_sorted[new].astype(_I))
-    size = (kl + ku + 1) * m * C
+    size = nslots * cap
     info = {"axis": axis, "columns": C, "m": m, "kl": kl, "ku": ku, "size": size, "zero_first": True,
-            "unknown_order": "level-major (lev*ns + species)"}
+            "unknown_order": "level-major (lev*ns + species)", "tile": layout.tile,
+            "tile_width": Wc, "capacity": cap}
     return "point", arrays, info, 1 if prog.kind == "global" else N

@@ -23,7 +23,7 @@ from ..calculus.bandset import BandSet
 from ..calculus.inline import inline_observed
 from ..errors import JacError, typed_errors
 from ..model.evaluate import Decline, ev
-from ..model.expr import AGG, Node, from_ast
+from ..model.expr import AGG, Node, from_ast, node
 from ..model.load import SystemView, lhs_state
 
 __all__ = ["Point", "element_names", "resolve_point", "oracle_entries", "assemble", "Assembled"]
@@ -74,53 +74,110 @@ def _ic_values(view: SystemView) -> dict:
     return out
 
 
-def _fill(view: SystemView, name: str, expr, shape: tuple):
-    """A default/initial value (scalar broadcast, or an aggregate per cell)."""
+def _fill(view: SystemView, name: str, expr, shape: tuple, env: dict, index_fn=None):
+    """A default/initial value (scalar broadcast, or an aggregate per cell),
+    evaluated under ``env`` (t and the parameters resolved so far)."""
     if not shape:
-        return ev(expr, {"t": 0.0})
+        return ev(expr, env, index_fn)
+    from ..calculus import context
+    ctx = context(view)
     arr = np.empty(shape)
-    if isinstance(expr, Node) and expr.op == AGG and expr.attr("output_idx"):
-        oidx = list(expr.attr("output_idx"))
-        for idx in _points(shape):
-            arr[tuple(i - 1 for i in idx)] = ev(expr.body, {n: float(i) for n, i in zip(oidx, idx)})
-        return arr
-    arr[...] = ev(expr, {"t": 0.0})
+    for idx in _points(shape):
+        arr[tuple(i - 1 for i in idx)] = _ev_at(expr, env, idx, ctx, index_fn)
     return arr
+
+
+def _ev_at(e, env: dict, idx: tuple, ctx, index_fn) -> float:
+    """Element ``idx`` (1-based) of an array-valued expression: a whole array
+    name reads that element, an aggregate evaluates its body there, and an
+    elementwise operation applies to its operands' elements; a scalar
+    expression broadcasts."""
+    from ..calculus.bands import is_array_expr
+    from ..model.expr import map_children
+    if isinstance(e, str) and ctx.is_array(e):
+        return index_fn(node("index", [e, *idx]), env)
+    if not (isinstance(e, Node) and is_array_expr(e, ctx)):
+        return ev(e, env, index_fn)
+    if e.op == AGG and e.attr("output_idx"):
+        oidx = list(e.attr("output_idx"))
+        if len(oidx) != len(idx):
+            raise Decline("aggregate rank differs from the variable's")
+        env2 = dict(env)
+        env2.update((n, float(i)) for n, i in zip(oidx, idx) if isinstance(n, str))
+        return ev(e.body, env2, index_fn)
+    if e.op in (AGG, "makearray", "arrayop", "broadcast", "reshape", "transpose", "concat"):
+        raise Decline(f"`{e.op}` initial values are not evaluated here")
+    return ev(map_children(e, lambda x: _ev_at(x, env, idx, ctx, index_fn)
+                           if is_array_expr(x, ctx) else x), env, index_fn)
+
+
+def _initial(view: SystemView, n: str, src, env: dict, values: dict):
+    """The value of ``n`` from ``src`` (a literal, list, or expression), NaN
+    where it cannot be evaluated yet."""
+    var = view.variables[n]
+    if src is None:
+        return np.full(var.shape, np.nan) if var.shape else math.nan
+    if isinstance(src, (list, tuple)):       # a per-element default array
+        arr = np.asarray(src, dtype=float)
+        if arr.shape != var.shape:
+            raise JacError("bad_argument", f"default of `{n}` has shape {arr.shape}, not {var.shape}")
+        return arr.copy()
+    try:
+        e = from_ast(src) if not isinstance(src, (int, float, Node, str)) else src
+        return _fill(view, n, e, var.shape, env, _index_fn(values))
+    except Decline:         # not evaluable (yet): must be given by u / p
+        return np.full(var.shape, np.nan) if var.shape else math.nan
 
 
 def resolve_point(view: SystemView, u: dict | None, p: dict | None, t: float,
                   names: list) -> Point:
-    """Values for every name in ``names``: defaults (``ic`` first, as
-    ``evaluate_rhs`` does), overridden by ``u``/``p`` keyed by element or
-    variable name, scoped or bare. Unknown keys are refused."""
+    """Values for every name in ``names``, as earthsci-ast's problem starts:
+    parameters from their defaults (which may be expressions of other
+    parameters) and the ``p``/``u`` overrides of parameters; then states from
+    their ``ic`` equation (an expression of parameters, inline or per-cell),
+    else their default, then the state overrides. Overrides are keyed by
+    element or variable name, scoped or bare. Unknown keys are refused."""
     ics = _ic_values(view)
     values: dict = {}
-    for n in names:
-        var = view.variables[n]
-        src = ics.get(n) if var.kind != "parameter" else None
+    pnames = [n for n in names if view.variables[n].kind == "parameter"]
+    snames = [n for n in names if view.variables[n].kind != "parameter"]
+    overrides = [(k, v) for d in ((p or {}), (u or {})) for k, v in d.items()]
+    env: dict = {"t": 0.0}
+    pending = list(pnames)
+    for _ in range(len(pending) + 1):        # defaults may read other parameters
+        still = []
+        for n in pending:
+            values[n] = _initial(view, n, view.variables[n].default, env, values)
+            if np.isnan(values[n]).any():
+                still.append(n)
+            elif not view.variables[n].shape:
+                env[n] = float(values[n])
+        if len(still) == len(pending):
+            break
+        pending = still
+    pset = set(pnames)
+    for key, val in overrides:
+        if _base(view, key) in pset:
+            _apply(view, values, key, val)
+    env.update((n, float(values[n])) for n in pnames if not view.variables[n].shape)
+    for n in snames:
+        src = ics.get(n)
         if src is None:
-            src = var.default
-        if src is None:         # must then be given in full by u / p
-            values[n] = np.full(var.shape, np.nan) if var.shape else math.nan
-            continue
-        if isinstance(src, (list, tuple)):       # a per-element default array
-            arr = np.asarray(src, dtype=float)
-            if arr.shape != var.shape:
-                raise JacError("bad_argument", f"default of `{n}` has shape {arr.shape}, not {var.shape}")
-            values[n] = arr.copy()
-            continue
-        try:
-            values[n] = _fill(view, n, from_ast(src) if not isinstance(src, (int, float, Node, str)) else src, var.shape)
-        except Decline:         # an expression default: must be given by u / p
-            values[n] = np.full(var.shape, np.nan) if var.shape else math.nan
-    for overrides in (u or {}), (p or {}):
-        for key, val in overrides.items():
+            src = view.variables[n].default
+        values[n] = _initial(view, n, src, env, values)
+    for key, val in overrides:
+        if _base(view, key) not in pset:
             _apply(view, values, key, val)
     for n, v in values.items():
         if np.isnan(v).any():
             raise JacError("bad_argument",
                            f"`{view.scope}{n}` has no usable default or initial value; pass it in u/p")
     return Point(values, float(t))
+
+
+def _base(view: SystemView, key: str) -> str:
+    k = key[len(view.scope):] if view.scope and key.startswith(view.scope) else key
+    return k.partition("[")[0]
 
 
 def _apply(view: SystemView, values: dict, key: str, val) -> None:

@@ -363,9 +363,12 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
         run_tape = serial_twin(run_tape) if serial else run_tape
         pro, body = kern.tapes
 
+        none = np.zeros(0, np.int64)          # lanes-fastest stores: no tiles, no zero slots
+        none.setflags(write=False)
+
         def run(u, p, t, f, out):
-            run_tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg)
-            run_tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg)
+            run_tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, none)
+            run_tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, none)
         return run
     mod = kern.module()
     pro = mod.prologue

@@ -59,6 +59,31 @@ def lane_gather(B, L, ptr, src, a, b, stride, out):
 
 
 @nb.njit(parallel=True, **_JIT)
+def tile_gather(B, L, W, P, ptr, src, a, out):
+    """out[((l // W)*P + a)*W + l % W] = Σ B[src*L + l] per slot (plan order)
+    for every stored lane ``l`` of the padded capacity; padding lanes read
+    the last real lane. One work item per tile."""
+    nslot = a.shape[0]
+    nt = (L + W - 1) // W
+    for t in nb.prange(nt):
+        l0 = t * W
+        for s in range(nslot):
+            base = (t * P + a[s]) * W
+            j0 = ptr[s]
+            j1 = ptr[s + 1]
+            if j0 == j1:
+                for j in range(W):
+                    out[base + j] = 0
+            else:
+                for j in range(W):
+                    l = min(l0 + j, L - 1)
+                    acc = B[src[j0] * L + l]
+                    for k in range(j0 + 1, j1):
+                        acc += B[src[k] * L + l]
+                    out[base + j] = acc
+
+
+@nb.njit(parallel=True, **_JIT)
 def point_gather(B, ptr, src, pos, out):
     """out[pos[s]] = Σ B[src[j]] for j in slot s (plan order)."""
     for s in nb.prange(pos.shape[0]):

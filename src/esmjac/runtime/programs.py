@@ -51,6 +51,9 @@ _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 #: 15-species mechanism, 2-8 ms per call on 2 threads vs 7-30 µs on one).
 SERIAL_BELOW = 20000
 
+_NO_SLOTS = np.zeros(0, np.int64)
+_NO_SLOTS.setflags(write=False)
+
 
 def _one_thread() -> bool:
     import numba
@@ -202,6 +205,7 @@ class _Kernel:
     n_statements: int
     engine: str = "codegen"
     tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
+    counts_nonfinite: bool = False   # chunks return the non-finite values they stored
 
     def module(self):
         if self.engine == "tape":
@@ -312,8 +316,9 @@ class _Base:
         if kern.engine == "tape":
             from ..compile.tape import run_tape
             pro, body = kern.tapes
-            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg)
-            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg)
+            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
+                     0, 0, lanes, _NO_SLOTS)
             return
         mod = kern.module()
         mod.prologue(p, float(t), h)
@@ -605,7 +610,7 @@ class JacWorkspace:
     lanes: int
     cix: np.ndarray
     h: np.ndarray
-    keep_slab: bool = True
+    keep_slab: bool = False
     slabs: dict = field(default_factory=dict)
     last_dtype: Any = None
     last_plan: Any = None
@@ -694,13 +699,14 @@ class JacobianProgram(_Base):
             return self.n_fields * lanes
         return int(self.meta["slab_size"])
 
-    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = True) -> JacWorkspace:
+    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = False) -> JacWorkspace:
         """Scratch for one thread; ``lanes`` ≥ cells pads (cell programs).
 
-        ``keep_slab=False`` lets ``eval_into`` write lane layouts directly
-        (fused kernels, no band slab: about half the memory traffic) for
-        callers that only need the matrix; ``apply``/``apply_transpose``/
-        ``contract`` then need a workspace that keeps the slab."""
+        By default ``eval_into`` writes lane layouts directly, tile by tile
+        (no band slab: about half the memory traffic), and ``apply``/
+        ``apply_transpose`` evaluate the band slab from the workspace's copy
+        of the point when first asked; ``keep_slab=True`` evaluates it in
+        every ``eval_into`` instead (the same bits; only when it is spent)."""
         if self.kind == "global":
             if lanes is not None and (isinstance(lanes, bool) or lanes != 1):
                 raise JacError("bad_argument", "a global-lane program has exactly one lane")
@@ -763,18 +769,21 @@ class JacobianProgram(_Base):
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
         with _Serial(u.shape[0]):
-            if not ws.keep_slab and plan.kind == "lane" and self.kernel.engine == "codegen":
-                self._run_fused(plan, u, pv, t, f, out, ws, L)
+            bad = None
+            if not ws.keep_slab and plan.kind == "lane" and (self.kernel.engine == "codegen" or plan.tiled):
+                bad = self._run_fused(plan, u, pv, t, f, out, ws, L)
                 ws.last_dtype = None
             else:
                 B = ws.slab(u.dtype, self.slab_size(L))
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
                 plan.scatter(B, L, out)
                 ws.last_dtype = u.dtype
-            bad = _checks.any_nonfinite(out)
+            if bad is None:              # the tile kernels count while they store
+                bad = _checks.any_nonfinite(out)
         ws.last_plan = plan.fingerprint
         ws.second.pop("state", None)
-        ws.second["point"] = (u.copy(), pv.copy(), t, f.copy())
+        su, sp, sf = _snapshot(ws, u, pv, f)
+        ws.second["point"] = (su, sp, t, sf)
         if bad:
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
@@ -788,29 +797,66 @@ class JacobianProgram(_Base):
             dest = list(zip(a["fa"].tolist(), a["fb"].tolist(), a["fs"].tolist()))
             zeros = list(zip(a["za"].tolist(), a["zb"].tolist(), a["zs"].tolist()))
             g = run_deep(generate, self.doc, max_stmts=PROGRAM_OPTIONS["max_stmts"],
-                         title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
-            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
+                         title=f"direct writes for layout {plan.layout.name}"
+                               + (f", tile {plan.tile}" if plan.tiled else ""),
+                         dest=dest, zeros=zeros, tile=plan.tile if plan.tiled else None,
+                         nslots=int(plan.info["slots_per_lane"]))
+            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
+                        counts_nonfinite=g.counts_nonfinite)
             plan._cache["fused_kernel"] = k
         return k
 
-    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
-        _recovering(self._run_fused_once, out, plan, u, p, t, f, out, ws, L)
+    def _fused_tape(self, plan) -> tuple:
+        """The tape engine's direct-write body for a tiled plan (slot stores,
+        cached on the plan) and the slots no band reaches."""
+        k = plan._cache.get("fused_tape")
+        if k is None:
+            from ..compile.codegen import tape_program
+            pro, body, _ = run_deep(tape_program, self.doc, [int(a) for a in plan.arrays["fa"]])
+            zs = np.ascontiguousarray(plan.arrays["za"], dtype=np.int64)
+            zs.setflags(write=False)
+            k = plan._cache["fused_tape"] = (pro, body, zs)
+        return k
 
-    def _run_fused_once(self, plan, u, p, t, f, out, ws, L) -> None:
+    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> int | None:
+        """Direct writes into ``plan``'s slots; the number of non-finite
+        values stored when the kernels count them (tiles), else None."""
+        return _recovering(self._run_fused_once, out, plan, u, p, t, f, out, ws, L)
+
+    def _run_fused_once(self, plan, u, p, t, f, out, ws, L):
+        if self.kernel.engine == "tape":
+            from ..compile.tape import run_tape
+            pro, body, zs = self._fused_tape(plan)
+            h = ws.h
+            run_tape(pro.code, pro.consts, u, f, p, float(t), h, ws.cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            W = plan.tile_width(L)
+            run_tape(body.code, body.consts, u, f, p, float(t), h, ws.cix, out, L, body.nreg,
+                     W, int(plan.info["slots_per_lane"]), plan.capacity(L), zs)
+            return None
         kern = self._fused_kernel(plan)
         mod = kern.module()
         h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
         mod.prologue(p, float(t), h)
         pre = "sfl" if _one_thread() else "fl"
+        bad = 0
         for name in kern.chunks:
-            getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
+            bad += getattr(mod, pre + name)(u, f, h, ws.cix, out, L) or 0
+        return bad if kern.counts_nonfinite else None
 
     def _slab_of(self, ws: JacWorkspace):
+        """The band slab at the point of the last ``eval_into``: kept by it
+        (``keep_slab=True``) or evaluated now from the workspace's copy of
+        that point (direct writes keep no slab), once per ``eval_into``."""
         if ws.last_dtype is None:
-            if not ws.keep_slab:
-                raise JacError("bad_argument", "this workspace keeps no band slab (keep_slab=False); "
-                               "use new_workspace(keep_slab=True) for apply/apply_transpose/contract")
-            raise JacError("bad_argument", "call eval_into first: apply/apply_transpose reuse its band slab")
+            pt = ws.second.get("point")
+            if pt is None:
+                raise JacError("bad_argument", "call eval_into first: apply/apply_transpose use the Jacobian "
+                               "at its point")
+            u, pv, t, f = pt
+            B = ws.slab(u.dtype, self.slab_size(ws.lanes))
+            with _Serial(u.shape[0]):
+                self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, ws.lanes)
+            ws.last_dtype = u.dtype
         return ws.slabs[ws.last_dtype]
 
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -869,6 +915,19 @@ class JacobianProgram(_Base):
         memory with ``lam`` or ``v`` is refused (``bad_argument``)."""
         from .second import contract
         return contract(self, plan, ws2, lam, v, out)
+
+
+def _snapshot(ws: JacWorkspace, u, pv, f) -> tuple:
+    """Copies of the point into buffers the workspace keeps (no allocation
+    per call): ``contract`` and a lazily evaluated slab see the point of the
+    last ``eval_into``, whatever the caller does with its arrays afterwards."""
+    snap = ws.second.get("snap")
+    if snap is None or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(snap, (u, pv, f))):
+        snap = (np.empty_like(u), np.empty_like(pv), np.empty_like(f))
+        ws.second["snap"] = snap
+    for a, b in zip(snap, (u, pv, f)):
+        np.copyto(a, b)
+    return snap
 
 
 def _bandset(view, wrt: str, lay: ModelLayout, opts: dict) -> BandSet:
