@@ -252,7 +252,7 @@ def test_index_dependent_model_sees_its_real_cells(client):
     m = ad.model(doc)
     assert not m.spec.template            # shipped whole: the kernels read the cell index
     r, j = RhsProgram.build(doc), JacobianProgram.build(doc)
-    pl = j.plan(LaneSparseBlocks(), source=r)
+    pl = j.plan(LaneSparseBlocks(tile=None), source=r)   # slots × lanes, as dask returns them
     u = np.random.default_rng(5).uniform(0.5, 1.5, (2, n))
     uf = np.ascontiguousarray(u.ravel())
     ref_f = r.eval_into(uf, r.p0, 0.0, None, np.empty(uf.size)).reshape(2, n)

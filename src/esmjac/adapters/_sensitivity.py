@@ -133,7 +133,7 @@ class Sensitivities:
         self.jp = None
         if wrt_parameters:
             self.jp = JacobianProgram.build(leaf.source, leaf.model, wrt="parameters", options=leaf.options)
-            self.plan_p = self.jp.plan(LaneBlocks("natural"))
+            self.plan_p = self.jp.plan(LaneBlocks("natural", tile=None))
             self.sec_p = _Second(self.jp)
             self.nl = int(self.jp.meta["n_lane_cols"])
         self.bound = _Bound(leaf, leaf.p, 0.0, 1)
