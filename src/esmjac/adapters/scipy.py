@@ -193,27 +193,10 @@ def _thread_count(threads, n: int):
 
 
 def _measure_threads(call) -> int | None:
-    """``threads="auto"`` on a large problem: time ``call()`` (one RHS and
-    one Jacobian evaluation) on one thread and on numba's thread count,
-    interleaved, best of three, and keep the parallel kernels only where
-    they are clearly faster (by 10 %). On a busy or small machine a parallel
-    region's threads wait for cores and one thread wins by orders of
-    magnitude (measured: 2000 cells of tropo12 at load 16 on 2 cores, RHS
-    66 ms on two threads, 0.4 ms on one). Results are bitwise the same for
-    any thread count, so the choice changes only the time."""
-    import time
-
-    import numba
-    nmax = int(numba.config.NUMBA_NUM_THREADS)
-    if nmax <= 1:
-        return 1
-    best = {1: float("inf"), nmax: float("inf")}
-    for _ in range(3):
-        for k in (1, nmax):
-            t0 = time.perf_counter()
-            _with_threads(k, call)
-            best[k] = min(best[k], time.perf_counter() - t0)
-    return nmax if best[nmax] * 1.1 < best[1] else 1
+    """``threads="auto"`` on a large problem: the measured choice of
+    :func:`esmjac.runtime.threads.measure_threads` (one place for it)."""
+    from ..runtime.threads import measure_threads
+    return measure_threads(call)
 
 
 def _with_threads(nthreads, fn, *args, **kwargs):
