@@ -16,6 +16,7 @@ from tests.support.programs import TROPO12, close, point
 
 from esmjac import JacError, assemble
 from esmjac.layouts import Csr, LaneBlocks, LaneSparseBlocks
+from esmjac.layouts.types import untile
 from esmjac.models.mechanism import box
 from esmjac.runtime.bound import SERIAL_BELOW
 from esmjac.runtime.programs import JacobianProgram, RhsProgram
@@ -47,8 +48,9 @@ def _dense(j, plan, out, N):
     keys = [tuple(x) for x in plan.info["lu_pattern"]] if "lu_pattern" in plan.info else \
         [(a, b) for a in range(n) for b in range(n)]
     lanes = np.arange(N)
+    V = untile(out, len(keys), N, plan.tile_width(N))     # [slot, lane]
     for q, (a, b) in enumerate(keys):
-        M[order[a] * N + lanes, order[b] * N + lanes] = out[q * N:(q + 1) * N]
+        M[order[a] * N + lanes, order[b] * N + lanes] = V[q]
     return M
 
 
@@ -112,7 +114,9 @@ def test_serial_twins_give_the_parallel_bits():
         ob, os_ = np.zeros(plan.out_size(big)), np.zeros(plan.out_size(small))
         rb(u, p0, 0.0, None, ob)
         rs(us, p0, 0.0, None, os_)
-        assert np.array_equal(ob.reshape(-1, big)[:, :small], os_.reshape(-1, small))
+        P = int(plan.info["slots_per_lane"])
+        assert np.array_equal(untile(ob, P, big, plan.tile_width(big))[:, :small],
+                              untile(os_, P, small, plan.tile_width(small)))
     fb, fs = np.zeros(u.size), np.zeros(us.size)
     r.bind(big)(u, p0, 0.0, None, fb)
     r.bind(small)(us, p0, 0.0, None, fs)
@@ -215,3 +219,57 @@ def test_no_environment_reads_or_allocations_per_call(monkeypatch):
     assert env.reads == 0
     # no array the size of an output (or any buffer) allocated per call
     assert peak - base < min(out.nbytes, 4096), (peak - base)
+
+
+def _boxed_tape():
+    if "bt" not in _built:
+        d = box(json.loads(TROPO12.read_text()))
+        _built["bt"] = (RhsProgram.build(d, options={"engine": "tape"}),
+                        JacobianProgram.build(d, options={"engine": "tape"}))
+    return _built["bt"]
+
+
+@pytest.mark.parametrize("engine", ["codegen", "tape"])
+def test_bound_calls_on_tiled_layouts_give_the_unbound_bits(engine):
+    """Every tile width (ragged last tiles, padding lanes, one tile of the
+    whole capacity), direct writes and the band slab, float64 and float32:
+    a bound call stores the very bits of the unbound slab path (gather of
+    the lanes-fastest band slab, itself checked against the reference
+    assembly in tests/layouts), padding lanes included."""
+    r, j = boxed() if engine == "codegen" else _boxed_tape()
+    assert j.kernel.engine == engine
+    rng = np.random.default_rng(21)
+    for lanes in (1, 7, 33):
+        u0, p0, _ = r.defaults(lanes)
+        u = u0 * rng.uniform(0.5, 1.5, u0.size)
+        for lay in (LaneSparseBlocks(), LaneSparseBlocks(tile=5), LaneSparseBlocks(tile=None),
+                    LaneBlocks(tile=3), LaneBlocks("markowitz")):
+            plan = j.plan(lay, source=r)
+            for dt in (np.float64, np.float32):
+                uu = u.astype(dt)
+                ref = np.full(plan.out_size(lanes), np.nan, dt)
+                j.eval_into(plan, uu, p0, 0.0, None, ref, j.new_workspace(lanes, keep_slab=True))
+                assert np.isfinite(ref).all()
+                for keep in (False, True):
+                    run = j.bind(plan, j.new_workspace(lanes, keep_slab=keep), dt)
+                    got = np.full(plan.out_size(lanes), np.nan, dt)
+                    run(uu, p0, 0.0, None, got)
+                    assert np.array_equal(got, ref), (engine, lanes, lay, dt, keep)
+                    got[:] = np.nan
+                    run(uu, p0, 0.0, None, got)          # the second call reuses the scratch
+                    assert np.array_equal(got, ref), (engine, lanes, lay, dt, keep)
+
+
+def test_tiled_bound_call_refuses_an_untiled_output_size():
+    """At 7 lanes in tiles of 16 the layout stores 16 lanes per slot: an
+    output of ``nslots * 7`` is refused before compiled code runs."""
+    r, j = boxed()
+    plan = j.plan(LaneSparseBlocks(tile=16))
+    P = int(plan.info["slots_per_lane"])
+    assert plan.out_size(7) == P * 16
+    run = j.bind(plan, j.new_workspace(lanes=7))
+    u, p, _ = r.defaults(7)
+    short = np.full(P * 7, np.nan)
+    with pytest.raises(JacError) as e:
+        run(u, p, 0.0, None, short)
+    assert e.value.code == "bad_argument" and np.isnan(short).all()

@@ -17,6 +17,7 @@ from tests.support.programs import TROPO12, close
 
 from esmjac import JacError, assemble
 from esmjac.layouts import Csr, LaneBlocks, LaneSparseBlocks
+from esmjac.layouts.types import untile
 from esmjac.models.mechanism import box, lift
 from esmjac.runtime.programs import JacobianProgram, RhsProgram
 
@@ -99,8 +100,9 @@ def _dense_lanes(j, plan, out, N):
     order = info.get("ordering") or list(range(n))
     keys = [tuple(x) for x in info["lu_pattern"]] if "lu_pattern" in info else \
         [(a, b) for a in range(n) for b in range(m)]
+    V = untile(out, len(keys), N, plan.tile_width(N))     # [slot, lane]
     for q, (a, b) in enumerate(keys):
-        B[:, order[a], order[b]] = out[q * N:(q + 1) * N]
+        B[:, order[a], order[b]] = V[q]
     return B
 
 

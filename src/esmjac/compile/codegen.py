@@ -30,7 +30,9 @@ is a plain ``range``: no parfor scheduling for one thread).
 
 Signatures: cell chunk ``(u, f, h, cix, out, L)``; global chunk ``(u, f, h,
 out)``; prologue ``(p, t, h)``. With ``dest=`` a cell Jacobian is generated
-for one plan (``fl<chunk>``: its slots written directly, no band slab).
+for one plan (``fl<chunk>``: its slots written directly, no band slab); a
+tiled plan's chunks take the caller's tile scratch as a last argument ``S``
+(:func:`tile_scratch` elements of ``u.dtype``; nothing allocated per call).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from ..errors import JacError
 from ..model.expr import format_float
 from .ssa import Block, Lowering
 
-__all__ = ["generate", "Generated", "GENERATOR"]
+__all__ = ["generate", "Generated", "GENERATOR", "tile_scratch"]
 
 #: Tiles per parallel work item (one scratch allocation per item).
 _TILES_PER_ITEM = 64
@@ -72,6 +74,15 @@ class Generated:
     n_hoist: int
     n_statements: int
     counts_nonfinite: bool = False   # chunks return how many non-finite values they stored
+    tile_scratch: int = 0    # tiled chunks: scratch elements per work item (their last argument ``S``)
+
+
+def tile_scratch(per_item: int, lanes: int, W: int) -> int:
+    """Elements of the scratch ``S`` tiled chunks take at ``lanes`` lanes in
+    tiles of ``W``: one section of ``per_item`` per work item of
+    ``_TILES_PER_ITEM`` tiles (so parallel items never share scratch)."""
+    nt = -(-int(lanes) // int(W))
+    return max(-(-nt // _TILES_PER_ITEM), 1) * int(per_item)
 
 
 def _lit(x: float) -> str:
@@ -247,6 +258,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     chunks: list = []
     kinds: list = []
     nstmt = 0
+    scratch = 0
     hoisted: set = set()
     unit = dest is not None and all(b == 0 and st == 1 for _, b, st in dest)
     if doc.kind == "cell":
@@ -293,7 +305,8 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
             if mode == "tile":
                 a0 = 0 if not chunks or not taken else taken[0][2]
                 a1 = pending[0][1] if pending else P
-                lines, n, hv = _tile_chunk("fl" + name, blk, taken, doc, names, mode, a0, a1, P, tile)
+                lines, n, hv, sz = _tile_chunk("fl" + name, blk, taken, doc, names, mode, a0, a1, P, tile)
+                scratch = max(scratch, sz)
             elif mode == "lanes":
                 empty = [] if chunks or dest is None else sorted(set(range(P)) - set(idx))
                 lines, n, hv = _lane_chunk(name if dest is None else "fl" + name, blk, taken, doc, names,
@@ -313,7 +326,8 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     pro = _prologue(low.prologue, hoisted, names, lay)
     nstmt += len(pro) - 2
     src = "\n".join(head + pro + [""] + body) + "\n"
-    return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt, mode == "tile")
+    return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt, mode == "tile",
+                     scratch)
 
 
 def tape_program(doc, dest=None):
@@ -577,12 +591,19 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
                f'    """Tile t of {name}: outputs {a0}..{a1 - 1} ({"tiled slots" if tiled else "lanes-fastest"})."""',
                *hv, *["    " + x for x in tb]]
     pre = [f"    w = {TW}", "    nt = (L + w - 1) // w"]
-    body = [f"S = np.zeros({max(size, 1)}, u.dtype)",
-            f"for t in range(it * {_TILES_PER_ITEM}, min(nt, (it + 1) * {_TILES_PER_ITEM})):",
-            f"    bad += tile_{name}(u, f, h, cix, out, L, w, t, S)"]
+    # The scratch is the caller's (``S``: tile_scratch(...) elements of
+    # u.dtype, one section per work item): nothing is allocated per call.
+    # Output sections no band of this chunk stores are zeroed once per item
+    # (the tiles never write them).
+    sz = max(size, 1)
+    body = [f"Sv = S[it * {sz}:(it + 1) * {sz}]"]
+    for k in sorted(set(range(nout)) - first):
+        body += [f"for j in range({TW}):", f"    Sv[{nin + k} * {TW} + j] = 0.0"]
+    body += [f"for t in range(it * {_TILES_PER_ITEM}, min(nt, (it + 1) * {_TILES_PER_ITEM})):",
+             f"    bad += tile_{name}(u, f, h, cix, out, L, w, t, Sv)"]
     loop = f"for it in range((nt + {_TILES_PER_ITEM - 1}) // {_TILES_PER_ITEM}):"
-    return (tile_fn + _variants(name, "u, f, h, cix, out, L", loop, pre + ["    bad = 0"], body, "bad"),
-            len(pr.lines), pr.hoisted)
+    return (tile_fn + _variants(name, "u, f, h, cix, out, L, S", loop, pre + ["    bad = 0"], body, "bad"),
+            len(pr.lines), pr.hoisted, sz)
 
 
 def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, stores: list, zeros=()) -> tuple:

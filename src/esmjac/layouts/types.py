@@ -47,7 +47,7 @@ __all__ = ["LaneBlocks", "LaneSparseBlocks", "ColumnBanded", "Csr", "Csc", "LAYO
 #: W = 8/16/32/None: 11.97/11.69/12.79/40.53 ms. 16 is also the narrowest
 #: tile LLVM's loop vectorizer packs (it leaves loops of fewer than 16 known
 #: iterations scalar) and pads least among the fast ones.
-DEFAULT_TILE = None   # lanes fastest; tile=16 measured fastest for eval_into but the bound path is not tile-aware yet
+DEFAULT_TILE = 16
 
 _MAX_TILE = 4096
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..compile.codegen import tile_scratch
 from ..errors import JacError
 
 __all__ = ["BoundJacobian", "BoundRhs", "SERIAL_BELOW"]
@@ -32,6 +33,9 @@ __all__ = ["BoundJacobian", "BoundRhs", "SERIAL_BELOW"]
 SERIAL_BELOW = 20000
 
 _TWINS: dict = {}
+
+_NO_SLOTS = np.zeros(0, np.int64)        # lanes-fastest stores: no tiles, no zero slots
+_NO_SLOTS.setflags(write=False)
 
 
 def serial_twin(fn):
@@ -64,9 +68,10 @@ _DRIVERS: dict = {}
 
 def serial_driver(mod, calls: tuple):
     """One compiled entry for a small call: ``drive(u, f, p, t, h, cix,
-    out, L) -> number of non-finite outputs`` runs the prologue, the serial
-    chunks ``calls`` (``(name, "cell" | "global")``) of the generated module
-    ``mod`` and the non-finite scan in one native call: each Numba dispatch
+    out, L, S) -> number of non-finite outputs`` runs the prologue, the serial
+    chunks ``calls`` (``(name, "cell" | "global" | "tile")``) of the generated
+    module ``mod`` and the non-finite scan (tiled chunks count while they
+    store: no scan) in one native call: each Numba dispatch
     from Python costs about a microsecond, as much as a one-cell kernel.
     Generated next to the kernels by content hash (the module name is that
     hash), so it never outlives the kernels it calls."""
@@ -77,14 +82,17 @@ def serial_driver(mod, calls: tuple):
         lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
                  "import sys as _sys", "import numba as nb", "import numpy as np",
                  f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
-        body = ["    prologue(p, t, h)"]
+        body = ["    prologue(p, t, h)", "    n = 0"]
+        call = {"cell": "c{}(u, f, h, cix, out, L)", "global": "c{}(u, f, h, out)",
+                "tile": "n += c{}(u, f, h, cix, out, L, S)"}
         for i, (name, kind) in enumerate(calls):
             lines.append(f"c{i} = _k.{name}")
-            body.append(f"    c{i}(u, f, h, cix, out, L)" if kind == "cell" else f"    c{i}(u, f, h, out)")
+            body.append("    " + call[kind].format(i))
+        if any(kind != "tile" for _, kind in calls):
+            body += ["    for i in range(out.shape[0]):", "        if not np.isfinite(out[i]):",
+                     "            n += 1"]
         src = "\n".join(lines + ["", "", "@nb.njit(cache=True, nogil=True, error_model='numpy')",
-                                 "def drive(u, f, p, t, h, cix, out, L):", *body,
-                                 "    n = 0", "    for i in range(out.shape[0]):",
-                                 "        if not np.isfinite(out[i]):", "            n += 1",
+                                 "def drive(u, f, p, t, h, cix, out, L, S):", *body,
                                  "    return n", ""])
         d = _DRIVERS[key] = load_source(src).drive
     return d
@@ -218,7 +226,8 @@ class BoundJacobian(_Bound):
         self._setup(prog, ws.lanes, dtype, plan.out_size(ws.lanes))
         self.plan, self.ws = plan, ws
         L = ws.lanes
-        self.direct = (not ws.keep_slab) and plan.kind == "lane" and prog.kernel.engine == "codegen"
+        self.direct = (not ws.keep_slab) and plan.kind == "lane" and \
+            (prog.kernel.engine == "codegen" or plan.tiled)
         self._h = ws.h
         self._cix = ws.cix
         self._slab = None if self.direct else ws.slab(self.dtype, prog.slab_size(L))
@@ -235,6 +244,8 @@ class BoundJacobian(_Bound):
     def _make_body(self) -> Callable:
         prog, plan, L, serial = self.prog, self.plan, self.lanes, self.serial
         kern = prog.kernel
+        if self.direct and kern.engine == "tape":
+            return self._tape_body()
         if self.direct:
             fk = prog._fused_kernel(plan)
             mod = fk.module()
@@ -243,11 +254,21 @@ class BoundJacobian(_Bound):
             pro = mod.prologue
             fns = tuple(getattr(mod, ("sfl" if serial else "fl") + n) for n in fk.chunks)
             h, cix = self._h, self._cix
+            tiled = fk.tile_scratch > 0
+            S = np.empty(tile_scratch(fk.tile_scratch, L, plan.tile_width(L)) if tiled else 1, self.dtype)
             if serial:
-                drive = serial_driver(mod, tuple(("sfl" + n, "cell") for n in fk.chunks))
+                drive = serial_driver(mod, tuple(("sfl" + n, "tile" if tiled else "cell") for n in fk.chunks))
 
                 def body(u, p, t, f, out):
-                    return drive(u, f, p, t, h, cix, out, L)
+                    return drive(u, f, p, t, h, cix, out, L, S)
+                return body
+            if tiled:
+                def body(u, p, t, f, out):
+                    pro(p, t, h)
+                    bad = 0
+                    for fn in fns:
+                        bad += fn(u, f, h, cix, out, L, S)
+                    return bad
                 return body
 
             def body(u, p, t, f, out):
@@ -258,6 +279,18 @@ class BoundJacobian(_Bound):
         B = self._slab
         run = _rhs_like_runner(kern, serial, L, self._h, self._cix)
         a = plan.arrays
+        if plan.tiled:
+            # the slab is lanes-fastest; the tiled layout's padding lanes
+            # read the last real lane (the same gather as plan.scatter)
+            from . import kernels as K
+            tg = serial_twin(K.tile_gather) if serial else K.tile_gather
+            W, P = plan.tile_width(L), int(plan.info["slots_per_lane"])
+            ta = (a["ptr"], a["src"], a["a"])
+
+            def body(u, p, t, f, out):
+                run(u, p, t, f, B)
+                tg(B, L, W, P, *ta, out)
+            return body
         if plan.kind == "lane":
             from . import kernels as K
             gather = serial_twin(K.lane_gather) if serial else K.lane_gather
@@ -284,6 +317,22 @@ class BoundJacobian(_Bound):
         def body(u, p, t, f, out):
             run(u, p, t, f, B)
             scatter(B, L, out)
+        return body
+
+    def _tape_body(self) -> Callable:
+        """Direct slot stores of the tape engine (a tiled plan): the prologue
+        tape into ``h``, then the plan's body tape over every stored lane."""
+        from ..compile.tape import run_tape
+        prog, plan, L = self.prog, self.plan, self.lanes
+        run_tape = serial_twin(run_tape) if self.serial else run_tape
+        pro, tb, zs = prog._fused_tape(plan)
+        h, cix = self._h, self._cix
+        W, P, C = plan.tile_width(L), int(plan.info["slots_per_lane"]), plan.capacity(L)
+        pc, pk, pn, bc, bk, bn = pro.code, pro.consts, pro.nreg, tb.code, tb.consts, tb.nreg
+
+        def body(u, p, t, f, out):
+            run_tape(pc, pk, u, f, p, t, h, cix, h, 1, pn, 0, 0, 1, _NO_SLOTS)
+            run_tape(bc, bk, u, f, p, t, h, cix, out, L, bn, W, P, C, zs)
         return body
 
     def _warm(self) -> None:
@@ -363,12 +412,9 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
         run_tape = serial_twin(run_tape) if serial else run_tape
         pro, body = kern.tapes
 
-        none = np.zeros(0, np.int64)          # lanes-fastest stores: no tiles, no zero slots
-        none.setflags(write=False)
-
         def run(u, p, t, f, out):
-            run_tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, none)
-            run_tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, none)
+            run_tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            run_tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, _NO_SLOTS)
         return run
     mod = kern.module()
     pro = mod.prologue
@@ -376,9 +422,10 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
     if serial:
         drive = serial_driver(mod, tuple(("s" + n, "cell" if k == "cell" else "global")
                                          for n, k in zip(kern.chunks, kern.chunk_kinds)))
+        S = np.zeros(1)
 
         def run(u, p, t, f, out):
-            return drive(u, f, p, t, h, cix, out, L)
+            return drive(u, f, p, t, h, cix, out, L, S)
         return run
     cell = tuple(getattr(mod, pre + n) for n, k in zip(kern.chunks, kern.chunk_kinds) if k == "cell")
     glob = tuple(getattr(mod, pre + n) for n, k in zip(kern.chunks, kern.chunk_kinds) if k != "cell")

@@ -206,6 +206,7 @@ class _Kernel:
     engine: str = "codegen"
     tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
     counts_nonfinite: bool = False   # chunks return the non-finite values they stored
+    tile_scratch: int = 0      # tiled chunks: scratch per work item (codegen.tile_scratch)
 
     def module(self):
         if self.engine == "tape":
@@ -802,7 +803,7 @@ class JacobianProgram(_Base):
                          dest=dest, zeros=zeros, tile=plan.tile if plan.tiled else None,
                          nslots=int(plan.info["slots_per_lane"]))
             k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
-                        counts_nonfinite=g.counts_nonfinite)
+                        counts_nonfinite=g.counts_nonfinite, tile_scratch=g.tile_scratch)
             plan._cache["fused_kernel"] = k
         return k
 
@@ -839,9 +840,15 @@ class JacobianProgram(_Base):
         mod.prologue(p, float(t), h)
         pre = "sfl" if _one_thread() else "fl"
         bad = 0
+        if kern.tile_scratch:
+            from ..compile.codegen import tile_scratch
+            S = np.empty(tile_scratch(kern.tile_scratch, L, plan.tile_width(L)), u.dtype)
+            for name in kern.chunks:
+                bad += getattr(mod, pre + name)(u, f, h, ws.cix, out, L, S)
+            return bad
         for name in kern.chunks:
-            bad += getattr(mod, pre + name)(u, f, h, ws.cix, out, L) or 0
-        return bad if kern.counts_nonfinite else None
+            getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
+        return None
 
     def _slab_of(self, ws: JacWorkspace):
         """The band slab at the point of the last ``eval_into``: kept by it
