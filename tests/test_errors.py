@@ -80,6 +80,10 @@ def test_a_refusal_names_its_equation_once(tmp_path):
         assert msg.startswith("in the equation for D(y): "), msg
         assert msg.count("in the equation for") == 1 and "D(x)" not in msg
         assert "foo.bar" in msg and "underivable_operator" not in msg
+    from esmjac import RhsProgram                  # the RHS alone: not compiled, same equation named
+    with pytest.raises(E.Unsupported) as ei:
+        RhsProgram.build(path)
+    assert str(ei.value).startswith("in the equation for D(y): ") and "foo.bar" in str(ei.value)
 
 
 def test_in_equation_keeps_class_code_and_other_codes():
