@@ -197,9 +197,10 @@ def _slot_madd(D, m, pidx, tgt, P, out):
 
 
 @numba.njit(**_JIT)
-def _glob_apply_lanes(B, m, ptr, band, rl, tgt, nl, lam, gpl):
-    """gpl[nl + tgt[c]] += Σ_j B[band_j]·lam[rl_j] per lane: the scalar
-    columns of J_pᵀλ kept per lane (unit stride; summed over lanes once)."""
+def _cols_apply_lanes(B, m, ptr, band, rl, tgt, nl, lam, gpl):
+    """gpl[nl + tgt[c]] += Σ_j B[band_j]·lam[rl_j] per lane: columns of
+    J_pᵀλ kept per lane, unit stride, serial (per-lane columns with
+    ``nl = 0``; the scalar ones after them, summed over lanes once)."""
     for c in range(tgt.shape[0]):
         go = (nl + tgt[c]) * m
         gc = gpl[go:go + m]
@@ -457,7 +458,10 @@ class Sensitivities:
             ncols = ad["ncols"]
             GPL = np.zeros(ncols * L)
             jm = jp.meta
-            lane_args = (jm["c_ptr"], jm["c_band"], jm["c_ca"], jm["c_cb"], jm["c_cs"], jm["c_tgt"])
+            lane_args_full = (jm["c_ptr"], jm["c_band"], jm["c_ca"], jm["c_cb"], jm["c_cs"], jm["c_tgt"])
+            # entries reading λ[row*m + l] (offset 0, stride 1): the serial per-lane kernel serves them
+            unit_lanes = bool(np.all(jm["c_cb"] == 0) and np.all(jm["c_cs"] == 1))
+            lane_args = (jm["c_ptr"], jm["c_band"], jm["c_ca"], jm["c_tgt"])
             glob_args = (jm["g_ptr"], jm["g_band"], jm["g_rl"], jm["g_tgt"])
             Bp, Dp, gpl = sc["Bp"], sc["Dp"], sc["gpl"]
             jp_at, secp_at = ad["jp"], ad["sec_p"]
@@ -513,8 +517,11 @@ class Sensitivities:
             _sum_points(sc["U"], ad["ptslot"], perm, m, Upt)
             for k, pt in enumerate(ad["pts"]):
                 jp_at(Ys[pt], fz, cix, m, Bp)
-                lane_apply(Bp, m, *lane_args, Upt[k], gpl)
-                _glob_apply_lanes(Bp, m, *glob_args, self.nl, Upt[k], gpl)
+                if unit_lanes:
+                    _cols_apply_lanes(Bp, m, *lane_args, 0, Upt[k], gpl)
+                else:
+                    lane_apply(Bp, m, *lane_args_full, Upt[k], gpl)
+                _cols_apply_lanes(Bp, m, *glob_args, self.nl, Upt[k], gpl)
             secp_at(y, fz, cix, m, Dp)
             _slot_madd(Dp, m, ad["hp_pid"], ad["hp_col"], P, gpl)
             _add_lanes(gpl, ncols, m, lanes, L, GPL)
