@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..errors import JacError
 from ..model.expr import free_names
 from ..model.load import SystemView, lhs_state
-from .bands import Band, Ctx, bands, normalize_band
+from .bands import Band, Ctx, bands, in_equation, normalize_band
 from .clip import merge_bands
 from .inline import inline_observed, inlinable_observed
 
@@ -91,9 +91,10 @@ def jacobian_bands(view: SystemView, wrt: str = "states", *,
                 "unsupported_construct",
                 f"the equation for `{u}` reads observed {sorted(hidden)} defined only "
                 "through an indexed left-hand side, which cannot be inlined")
-        for v in sorted(names & tset):
-            for b in merge_bands(bands(rhs, v, ctx, shape_u)):
-                entries.append(JacEntry(u, v, normalize_band(b)))
+        with in_equation(u):
+            for v in sorted(names & tset):
+                for b in merge_bands(bands(rhs, v, ctx, shape_u)):
+                    entries.append(JacEntry(u, v, normalize_band(b)))
     if not entries and not allow_empty and wrt == "states":
         writes_arrays = [u for u, _ in diff_eqs if ctx.shapes.get(u)]
         if writes_arrays:

@@ -13,6 +13,7 @@ typed :class:`JacError` (never a silent zero).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 
 from ..errors import JacError
@@ -23,7 +24,7 @@ from .inline import range_of, region_bound
 from .rules import Site, dscalar
 from .simplify import canon_lits, simp, simplify
 
-__all__ = ["Band", "Ctx", "bands", "normalize_band", "sorted_sites"]
+__all__ = ["Band", "Ctx", "bands", "in_equation", "normalize_band", "sorted_sites"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,19 @@ class Ctx:
 
     def is_array(self, name) -> bool:
         return name in self.shapes
+
+
+@contextlib.contextmanager
+def in_equation(u: str):
+    """Name the equation (``D(u)``) in a refusal raised while walking it,
+    unless the message already does: a user reads which equation of which
+    model to change, not only which construct."""
+    try:
+        yield
+    except JacError as exc:
+        if f"`{u}`" in exc.message:
+            raise
+        raise JacError(exc.code, f"in the equation for `{u}`: {exc.message}") from exc
 
 
 def sorted_sites(e, v: str) -> list:
@@ -177,11 +191,22 @@ def _array(out, e, v, ctx, shape_u, scale) -> None:
         _scalar_bands(out, e, v, [(1, n) for n in shape_u], names, scale)
 
 
-def aggregate_box(e: Node, ctx, shape) -> tuple:
-    """``(output indices, their row ranges, ranges)`` of an array-level
+def aggregate_box(e: Node, ctx, shape, *, absolute: bool = False) -> tuple:
+    """``(output indices, their row ranges, ranges, body)`` of an array-level
     aggregate over an array of ``shape``, or the refusal both array walks
     (this calculus and the RHS lowering) give for it: one construct, one
-    error code."""
+    error code.
+
+    The format's aggregate result is *compact* (earthsci-ast's evaluators,
+    esm-spec §4.3.1/§4.3.4): along an output axis whose range is ``[lo, hi]``
+    element ``r`` (1-based) is the body at index ``lo + r - 1``; it is placed
+    into the target from 1, and an axis of extent 1 broadcasts over the
+    target's axis. So a range with the target's extent but origin ``lo > 1``
+    shifts the body, a singleton range pins the index and spans the whole
+    axis, and any other extent is a shape mismatch (refused, as earthsci-ast
+    refuses it). ``absolute=True`` keeps the range's own positions: the
+    ``makearray`` walks place an aggregate value themselves (its origin is
+    the region's)."""
     output_idx = e.attr("output_idx") or ()
     if any(not isinstance(x, str) for x in output_idx):
         raise JacError("unsupported_construct", "singleton `1` output_idx entries have no band form")
@@ -197,23 +222,38 @@ def aggregate_box(e: Node, ctx, shape) -> tuple:
         raise JacError("underivable_operator",
                        f"reduce={e.attr('reduce') or semiring!r}: non-`+` semiring reductions have no bands")
     ranges = dict(e.attr("ranges") or ())
-    rows = []
+    rows, subst = [], {}
     for k, n in enumerate(oidx):
         if n in ranges:
-            rows.append(range_of(ranges[n], ctx.index_sets))
+            lo, hi = range_of(ranges[n], ctx.index_sets)
+            if absolute or len(oidx) != len(shape) or (lo, hi) == (1, shape[k]):
+                rows.append((lo, hi))
+            elif hi - lo + 1 == shape[k]:
+                rows.append((1, shape[k]))
+                subst[n] = add(n, lo - 1)
+            elif hi == lo:
+                rows.append((1, shape[k]))
+                subst[n] = lo
+            else:
+                raise JacError("invalid_document",
+                               f"an aggregate's output index `{n}` ranges over [{lo}, {hi}] "
+                               f"({hi - lo + 1} elements) for an axis of {shape[k]}; an aggregate's "
+                               "result is placed from 1 and only a one-element axis broadcasts "
+                               "(place a sub-range with `makearray`)")
         elif k < len(shape):
             rows.append((1, shape[k]))
         else:
             raise JacError("unsupported_construct", f"output index `{n}` has no range")
-    return oidx, rows, ranges
+    body = substitute(e.body, subst) if subst else e.body
+    return oidx, rows, ranges, body
 
 
-def _aggregate(out, e: Node, v, ctx, shape_u, scale) -> None:
-    oidx, rows, ranges = aggregate_box(e, ctx, shape_u)
+def _aggregate(out, e: Node, v, ctx, shape_u, scale, absolute: bool = False) -> None:
+    oidx, rows, ranges, body0 = aggregate_box(e, ctx, shape_u, absolute=absolute)
     cnames = sorted(n for n in ranges if n not in oidx)
     crange = tuple((n, *range_of(ranges[n], ctx.index_sets)) for n in cnames)
     cset = frozenset(cnames)
-    for rows2, body in clip_regions(e.body, oidx, rows):
+    for rows2, body in clip_regions(body0, oidx, rows):
         rows2 = tuple(tuple(r) for r in rows2)
         for s in sorted_sites(body, v):
             d = dscalar(body, s)
@@ -251,7 +291,10 @@ def _makearray(out, e: Node, v, ctx, scale) -> None:
                         and len(val.attr("output_idx") or ()) == len(rows))
             sub_shape = tuple(hi - lo + 1 for lo, hi in rows) if fullrank else \
                 tuple(rows[k][1] - rows[k][0] + 1 for k in nonsing)
-            _array(sub, val, v, ctx, sub_shape, scale)
+            if isinstance(val, Node) and val.op == AGG:
+                _aggregate(sub, val, v, ctx, sub_shape, scale, absolute=True)
+            else:
+                _array(sub, val, v, ctx, sub_shape, scale)
             if isinstance(val, Node) and val.op == AGG:
                 vr = dict(val.attr("ranges") or ())
                 origins = [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1
