@@ -13,7 +13,6 @@ typed :class:`JacError` (never a silent zero).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field, replace
 
 from ..errors import JacError
@@ -24,7 +23,7 @@ from .inline import range_of, region_bound
 from .rules import Site, dscalar
 from .simplify import canon_lits, simp, simplify
 
-__all__ = ["Band", "Ctx", "bands", "in_equation", "normalize_band", "sorted_sites"]
+__all__ = ["Band", "Ctx", "bands", "normalize_band", "sorted_sites"]
 
 
 @dataclass(frozen=True)
@@ -65,19 +64,6 @@ class Ctx:
         """This context for a sub-array made of the target's axes ``keep``."""
         t = self.target
         return replace(self, target=None if t is None else tuple(t[k] for k in keep))
-
-
-@contextlib.contextmanager
-def in_equation(u: str):
-    """Name the equation (``D(u)``) in a refusal raised while walking it,
-    unless the message already does: a user reads which equation of which
-    model to change, not only which construct."""
-    try:
-        yield
-    except JacError as exc:
-        if f"`{u}`" in exc.message:
-            raise
-        raise JacError(exc.code, f"in the equation for `{u}`: {exc.message}") from exc
 
 
 def sorted_sites(e, v: str) -> list:
