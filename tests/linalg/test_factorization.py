@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from esmjac.calculus.bandset import BandSet
-from esmjac.layouts.types import LaneBlocks, LaneSparseBlocks
+from esmjac.layouts.types import LaneBlocks, LaneSparseBlocks, untile
 from esmjac.linalg.factorization import block_lu_plan, block_order
 from esmjac.linalg.sparse_lu import SparseLaneLU
 from tests.support.programs import TROPO12, jac_prog
@@ -72,6 +72,6 @@ def test_permuted_block_is_the_natural_block_reordered():
     prog.eval_into(nat, u, prog.p0, 0.0, None, a, ws)
     prog.eval_into(mk, u, prog.p0, 0.0, None, b, ws)
     n = len(perm)
-    A = a.reshape(n, n, L)
-    B = b.reshape(n, n, L)
+    A = untile(a, n * n, L, nat.tile_width(L)).reshape(n, n, L)    # the tile permutation undone
+    B = untile(b, n * n, L, mk.tile_width(L)).reshape(n, n, L)
     assert np.array_equal(B, A[perm][:, perm])

@@ -199,10 +199,20 @@ class _Bound:
             hj = np.zeros(max(fk.n_hoist, 1))
             mod.prologue(p, float(t), hj)
             jfns = [getattr(mod, "sfl" + name) for name in fk.chunks]
+            if fk.tile_scratch:         # tiled chunks take their scratch (one section: serial)
+                from ..compile.codegen import tile_scratch
+                W = plan.tile_width(capacity)
+                scr = [np.empty(tile_scratch(fk.tile_scratch, capacity, W))]
 
-            def j(u, fz, cix, m, out):
-                for fn in jfns:
-                    fn(u, fz, hj, cix, out, m)
+                def j(u, fz, cix, m, out):
+                    if scr[0].size < tile_scratch(fk.tile_scratch, m, W):   # a replay of more lanes
+                        scr[0] = np.empty(tile_scratch(fk.tile_scratch, m, W))
+                    for fn in jfns:
+                        fn(u, fz, hj, cix, out, m, scr[0])
+            else:
+                def j(u, fz, cix, m, out):
+                    for fn in jfns:
+                        fn(u, fz, hj, cix, out, m)
         else:
             jk = jac.kernel
             hj = np.zeros(max(jk.n_hoist, 1))

@@ -359,7 +359,9 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     pro = _prologue(low.prologue, hoisted, names, lay)
     nstmt += len(pro) - 2
     src = "\n".join(head + pro + [""] + body) + "\n"
-    return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt, mode == "tile",
+    # Cell chunks count the non-finite values they store (global ones
+    # accumulate over box points: their callers scan the output).
+    return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt, mode != "global",
                      scratch)
 
 
@@ -656,7 +658,15 @@ def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, stores: 
     body = pre + pr.lines + [f"out[{z}] = 0.0" for z in zeros]
     for ((target, _), vals, _i), (where, op) in zip(taken, stores):
         body.append(f"out[{where}] {op} {pr.ref(vals[0])}{_what(doc, target)}")
-    return (_variants(name, "u, f, h, cix, out, L", "for l in range(L):", hv, body),
+    # Count non-finite stored values while they are in registers (x - x is
+    # NaN for inf and NaN): the caller needs no second pass over ``out``.
+    # An accumulated (``+=``) value is re-read after its store; a value
+    # that is non-finite once stays so (NaN/inf absorb finite addends), so
+    # a zero count means every final value is finite.
+    for (where, op), ((_, vals, _i)) in zip(stores, taken):
+        x = pr.ref(vals[0]) if op == "=" else f"out[{where}]"
+        body += [f"if {x} - {x} != 0.0:", "    bad += 1"]
+    return (_variants(name, "u, f, h, cix, out, L", "for l in range(L):", hv + ["    bad = 0"], body, "bad"),
             len(pr.lines), pr.hoisted)
 
 

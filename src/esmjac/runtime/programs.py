@@ -252,7 +252,8 @@ def _compile(doc: EvalDoc, opts: dict) -> _Kernel:
         return _Kernel("", key, (), (), nh, len(body.code), "tape", (pro, body))
     g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]))
     key = content_hash(g.source)
-    return _Kernel(g.source, key, g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
+    return _Kernel(g.source, key, g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
+                   counts_nonfinite=g.counts_nonfinite)
 
 
 class _Base:
@@ -310,10 +311,12 @@ class _Base:
             return len(self.layout.forcing) * lanes
         return self.layout.n_forcing_elements
 
-    def _run(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
-        _recovering(self._run_once, out, kern, u, p, t, forcing, out, h, cix, lanes)
+    def _run(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> int | None:
+        """Run ``kern`` into ``out``: the number of non-finite values stored
+        when its chunks count them (cell chunks), else None (scan ``out``)."""
+        return _recovering(self._run_once, out, kern, u, p, t, forcing, out, h, cix, lanes)
 
-    def _run_once(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
+    def _run_once(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> int | None:
         if kern.engine == "tape":
             from ..compile.tape import run_tape
             pro, body = kern.tapes
@@ -324,12 +327,14 @@ class _Base:
         mod = kern.module()
         mod.prologue(p, float(t), h)
         pre = "s" if _one_thread() else ""
+        bad = 0
         for name, kind in zip(kern.chunks, kern.chunk_kinds):
             fn = getattr(mod, pre + name)
             if kind == "cell":
-                fn(u, forcing, h, cix, out, lanes)
+                bad += fn(u, forcing, h, cix, out, lanes) or 0
             else:
                 fn(u, forcing, h, out)
+        return bad if kern.counts_nonfinite else None
 
     def _warm(self, out_size: int) -> None:
         """Compile (or load from Numba's cache) the float64 kernels now, so a
@@ -545,8 +550,9 @@ class RhsProgram(_Base):
         if self.kind == "global":
             out[:] = 0
         with _Serial(u.shape[0]):
-            self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
-            bad = _checks.any_nonfinite(out)
+            bad = self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
+            if bad is None:              # cell chunks count while they store
+                bad = _checks.any_nonfinite(out)
         if bad:
             _checks.report_nonfinite(out, (u, p, f), t, "right-hand side", self._element_name(lanes))
         return out
@@ -847,8 +853,8 @@ class JacobianProgram(_Base):
                 bad += getattr(mod, pre + name)(u, f, h, ws.cix, out, L, S)
             return bad
         for name in kern.chunks:
-            getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
-        return None
+            bad += getattr(mod, pre + name)(u, f, h, ws.cix, out, L) or 0
+        return bad if kern.counts_nonfinite else None
 
     def _slab_of(self, ws: JacWorkspace):
         """The band slab at the point of the last ``eval_into``: kept by it
