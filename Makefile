@@ -33,7 +33,9 @@ $(STAMP_TEST): pyproject.toml | $(VPY) sundials-sys
 demo: $(STAMP_BASE)
 	$(VPY) -m esmjac demo
 
+# Layer contracts first (pyproject [tool.importlinter]), then the tests.
 test: $(STAMP_TEST)
+	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest -q
 
 # Regenerate our own goldens (explicit; tests never rewrite them).

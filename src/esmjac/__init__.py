@@ -1,7 +1,7 @@
 """esmjac: exact analytical Jacobians for EarthSciML ``.esm`` models."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from .calculus.bandset import BandSet
 from .errors import CODES, JacError

@@ -159,5 +159,5 @@ def main(argv: list | None = None) -> int:
     try:
         return args.fn(args)
     except JacError as exc:
-        print(f"esmjac: error: {exc}", file=sys.stderr)
+        print(f"esmjac: error [{exc.code}]: {exc}", file=sys.stderr)
         return 2

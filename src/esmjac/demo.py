@@ -22,7 +22,7 @@ def run_demo(cells: int = 48, t_end: float = 7200.0, out=print) -> int:
     from .adapters.scipy import ivp
     from .calculus.bandset import BandSet
     from .reference.check import fd_check
-    from .calculus.factorization import block_lu_plan
+    from .linalg.factorization import block_lu_plan
     from .models.gridded import gridded_tropo12
 
     path = str(files("esmjac") / "models" / "tropo12.esm")

@@ -2,10 +2,26 @@
 
 Every refusal esmjac makes is a :class:`JacError` whose ``code`` is one of
 :data:`CODES`; tools and tests match on the code, people read the message.
+Each code has a class that also derives from the Python exception a caller
+would naturally catch (NumPy's ``AxisError(ValueError, IndexError)`` is
+the model)::
+
+    try:
+        prog.eval_into(plan, u, p, t, None, out, ws)
+    except ValueError:            # BadArgument is a ValueError
+        ...
+
+``JacError(code, message)`` constructs the class of ``code``, so a raise
+site only names the code. ``str(exc)`` is the message; the code is
+``exc.code`` (and appears once in ``repr`` and in the command line's
+``esmjac: error [code]: message``).
 """
 from __future__ import annotations
 
-__all__ = ["JacError", "CODES"]
+__all__ = ["JacError", "CODES", "LoadError", "ModelNotFound", "AmbiguousModel",
+           "Underivable", "Unsupported", "InlineError", "EmptyBands", "BadOption", "BadArgument",
+           "UnresolvableColumn", "ForeignLayout", "NonuniformPattern", "EvaluationError",
+           "AdapterUnavailable", "CacheError", "error_class"]
 
 #: Stable error codes and what each means.
 CODES: dict[str, str] = {
@@ -23,18 +39,121 @@ CODES: dict[str, str] = {
     "nonuniform_pattern": "a per-cell pattern differs between cells",
     "evaluation_error": "a coefficient could not be evaluated at a point",
     "adapter_unavailable": "the solver adapter for a kind is installed but cannot be used here",
+    "cache_error": "a cached build artefact is unreadable, corrupt or fails verification",
 }
+
+_CLASSES: dict = {}
 
 
 class JacError(Exception):
-    """An esmjac refusal: ``code`` is stable, ``message`` is for people."""
+    """An esmjac refusal: ``code`` is stable, ``message`` is for people.
 
-    def __init__(self, code: str, message: str):
+    ``JacError(code, message)`` returns an instance of the code's class
+    (:func:`error_class`); subclasses may also be raised as
+    ``BadArgument(message)``."""
+
+    code: str = ""
+
+    def __new__(cls, *args, **kwargs):
+        code = args[0] if len(args) == 2 else kwargs.get("code")
+        if cls is JacError and code in _CLASSES:
+            cls = _CLASSES[code]
+        return super().__new__(cls)
+
+    def __init__(self, *args):
+        if len(args) == 2:
+            code, message = args
+        elif len(args) == 1 and type(self).code:
+            code, message = type(self).code, args[0]
+        else:
+            raise TypeError("JacError(code, message) or <CodeClass>(message)")
         if code not in CODES:
             raise ValueError(f"unknown JacError code {code!r}")
-        super().__init__(f"[{code}] {message}")
+        if type(self).code and code != type(self).code:
+            raise ValueError(f"{type(self).__name__} has code {type(self).code!r}, not {code!r}")
+        super().__init__(message)
         self.code = code
         self.message = message
 
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code!r}, {self.message!r})"
+
     def __reduce__(self):
         return (JacError, (self.code, self.message))
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.code:
+            if cls.code not in CODES:
+                raise ValueError(f"unknown JacError code {cls.code!r}")
+            _CLASSES.setdefault(cls.code, cls)
+
+
+def error_class(code: str) -> type:
+    """The exception class raised for ``code``."""
+    if code not in CODES:
+        raise ValueError(f"unknown JacError code {code!r}")
+    return _CLASSES[code]
+
+
+class LoadError(JacError, ValueError):
+    code = "load_error"
+
+
+class ModelNotFound(JacError, LookupError):
+    code = "model_not_found"
+
+
+class AmbiguousModel(JacError, ValueError):
+    code = "ambiguous_model"
+
+
+class Underivable(JacError, NotImplementedError):
+    code = "underivable_operator"
+
+
+class Unsupported(JacError, NotImplementedError):
+    code = "unsupported_construct"
+
+
+class InlineError(JacError, ValueError):
+    code = "inline_error"
+
+
+class EmptyBands(JacError, ValueError):
+    code = "empty_bands"
+
+
+class BadOption(JacError, ValueError):
+    code = "bad_option"
+
+
+class BadArgument(JacError, ValueError):
+    code = "bad_argument"
+
+
+class UnresolvableColumn(JacError, LookupError):
+    code = "unresolvable_column"
+
+
+class ForeignLayout(JacError, ValueError):
+    code = "foreign_layout"
+
+
+class NonuniformPattern(JacError, ValueError):
+    code = "nonuniform_pattern"
+
+
+class EvaluationError(JacError, ArithmeticError):
+    code = "evaluation_error"
+
+
+class AdapterUnavailable(JacError, ImportError):
+    code = "adapter_unavailable"
+
+
+class CacheError(JacError, OSError):
+    code = "cache_error"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from esmjac.calculus.emit import cse_templates, expand_templates
 from esmjac.model.expr import format_float, from_wire, stable_json
-from esmjac.calculus.factorization import lu_fill, markowitz_ordering
+from esmjac.linalg.factorization import lu_fill, markowitz_ordering
 
 
 def test_cse_round_trip_and_naming():

@@ -18,7 +18,7 @@ from scipy.integrate import solve_ivp
 from scipy.linalg import expm
 
 from esmjac.errors import JacError
-from esmjac.calculus.factorization import lu_fill, markowitz_ordering
+from esmjac.linalg.factorization import lu_fill, markowitz_ordering
 from esmjac.integrators import METHODS, SparseLaneLU, rosenbrock
 from esmjac.linalg import sparse_lu as sparse_lu_mod
 

@@ -13,7 +13,7 @@ import pytest
 
 from esmjac import plugins
 from esmjac.errors import JacError
-from esmjac.plugins.hookspecs import AdapterInfo
+from esmjac.plugins.hookspecs import Adapter
 
 BUILTIN_KINDS = {
     "scipy": ("scipy.ivp",),
@@ -31,24 +31,21 @@ FACTORIES = {
 THIRDPARTY = "thirdparty_esmjac_demo"
 THIRDPARTY_SOURCE = '''
 """A third-party esmjac adapter, as an outside package would ship it."""
-from esmjac.plugins.hookspecs import AdapterInfo, hookimpl
+from esmjac.plugins.hookspecs import Adapter, hookimpl
 
 AVAILABLE = True
 
 
+def echo(source, **options):
+    return {"kind": "demo.echo", "source": source, "options": options}
+
+
 @hookimpl
-def esmjac_adapter_info():
+def esmjac_adapter():
     if AVAILABLE:
-        return AdapterInfo("demo", "0.1", ("demo.echo",), True, "echoes its arguments")
-    return AdapterInfo("demo", "0.1", ("demo.echo",), False,
-                       "demo-solver is not installed; pip install demo-solver")
-
-
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "demo.echo":
-        return {"kind": kind, "source": source, "options": options}
-    return None
+        return Adapter("demo", "0.1", {"demo.echo": echo}, True, "echoes its arguments")
+    return Adapter("demo", "0.1", {"demo.echo": echo}, False,
+                   "demo-solver is not installed; pip install demo-solver")
 '''
 
 
@@ -91,7 +88,7 @@ def test_builtins_listed(fresh_plugins):
     by = _by_name(infos)
     for name, kinds in BUILTIN_KINDS.items():
         info = by[name]
-        assert isinstance(info, AdapterInfo)
+        assert isinstance(info, Adapter)
         assert info.provides == kinds
         assert isinstance(info.available, bool) and info.detail
     assert by["scipy"].available  # a core dependency
@@ -149,7 +146,9 @@ def test_cli_lists_adapters_without_importing_solvers():
 
 def test_thirdparty_adapter_registered_like_builtins(thirdparty):
     by = _by_name(plugins.adapter_infos())
-    assert by["demo"] == AdapterInfo("demo", "0.1", ("demo.echo",), True, "echoes its arguments")
+    demo = by["demo"]
+    assert (demo.name, demo.version, demo.provides, demo.available, demo.detail) == \
+        ("demo", "0.1", ("demo.echo",), True, "echoes its arguments")
     assert set(BUILTIN_KINDS) <= set(by)
     got = plugins.create("demo.echo", "model.esm", model="M", atol=1e-9)
     assert got == {"kind": "demo.echo", "source": "model.esm",

@@ -1,14 +1,17 @@
 """Native adapter (esmjac's own kernels): kinds ``"native.layouts"`` and ``"native.rosenbrock"``."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
 
-from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
+import numpy as np
 
-
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
+from ..errors import JacError
+from ..integrators.rosenbrock import rosenbrock as integrate
+from ..layouts.types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
+from ..model.expr import free_names
+from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
+from ..runtime.programs import JacobianProgram, RhsProgram
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,6 @@ class NativeLayouts:
         return np.zeros(plan.out_size(lanes or self.jacobian.cells), dtype=dtype)
 
     def _plan(self, layout: str):
-        from ..errors import JacError
         if layout not in self.plans:
             why = self.refused.get(layout, "unknown layout")
             raise JacError("bad_option", f"layout {layout!r} is not available for this model ({why}); "
@@ -42,9 +44,6 @@ def layouts(source, *, model=None, options=None, **extra):
     """Build the RHS and Jacobian programs and a plan for every layout that
     applies (LaneBlocks natural/markowitz, LaneSparseBlocks, ColumnBanded,
     Csr); the others are listed in ``refused`` with the reason."""
-    from ..errors import JacError
-    from ..layouts.types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
-    from ..runtime.programs import JacobianProgram, RhsProgram
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.layouts")
     rhs = RhsProgram.build(source, model, options=options)
@@ -84,7 +83,6 @@ class RosenbrockProblem:
         self.jacobian.eval_into(self.plan, u, self.p, t, self.forcing, out, self.ws)
 
     def solve(self, t_span, y0=None, *, rtol: float = 1e-4, atol=1.0, method: str = "rodas3", **kw):
-        from ..integrators.rosenbrock import rosenbrock as integrate
         info = self.plan.info
         return integrate(self.f, self.jac, np.array(self.y0 if y0 is None else y0, dtype=np.float64),
                          t_span, n=self.jacobian.n_species, lanes=self.jacobian.cells,
@@ -95,10 +93,6 @@ class RosenbrockProblem:
 
 def rosenbrock(source, *, model=None, p=None, forcing=None, options=None, **extra):
     """A :class:`RosenbrockProblem` for a per-cell (``cell``-lane) model."""
-    from ..errors import JacError
-    from ..model.expr import free_names
-    from ..layouts.types import LaneSparseBlocks
-    from ..runtime.programs import JacobianProgram, RhsProgram
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
     rhs = RhsProgram.build(source, model, options=options)
@@ -117,30 +111,19 @@ def rosenbrock(source, *, model=None, p=None, forcing=None, options=None, **extr
 # esmjac plugin (entry point ``esmjac.adapters: native``) -- keep below
 # ---------------------------------------------------------------------------
 
-_KINDS = ("native.layouts", "native.rosenbrock")
-
-
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
+def esmjac_adapter() -> Adapter:
     # The solver is esmjac itself (Numba-compiled kernels on NumPy arrays).
     version = dist_version("esmjac")
+    kinds = {"native.layouts": layouts, "native.rosenbrock": rosenbrock}
     numba, numpy = dist_version("numba"), dist_version("numpy")
     if module_available("numba") and module_available("numpy"):
-        return AdapterInfo("native", version, _KINDS, True,
-                           f"esmjac's own kernels (numba {numba}, numpy {numpy})")
+        return Adapter("native", version, kinds, True,
+                       f"esmjac's own kernels (numba {numba}, numpy {numpy})")
     missing = " and ".join(m for m in ("numba", "numpy") if not module_available(m))
-    return AdapterInfo("native", version, _KINDS, False,
-                       f"{missing} is not installed; pip install 'numba>=0.58' 'numpy>=1.24', "
-                       "or use kind 'scipy.ivp'")
-
-
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "native.layouts":
-        return layouts(source, **options)
-    if kind == "native.rosenbrock":
-        return rosenbrock(source, **options)
-    return None
+    return Adapter("native", version, kinds, False,
+                   f"{missing} is not installed; pip install 'numba>=0.58' 'numpy>=1.24', "
+                   "or use kind 'scipy.ivp'")
 
 
 # ---------------------------------------------------------------------------

@@ -19,13 +19,17 @@ Nothing here imports SciPy at module import time; :func:`ivp` does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .._frozen import readonly
 from ..errors import JacError
-from ..plugins.hookspecs import AdapterInfo, dist_version, hookimpl, module_available
+from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
+from ..runtime.programs import JacWorkspace, RhsScratch
+from ..runtime.threads import SERIAL_BELOW, thread_count, with_threads
+from ._common import Counters, bandwidths, build_programs, csr_pattern, inputs
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 
@@ -33,140 +37,28 @@ __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 METHODS = {"BDF": True, "Radau": True, "LSODA": True, "RK45": False, "RK23": False, "DOP853": False}
 
 
-# ---------------------------------------------------------------------------
-# shared helpers (also used by the sundials adapter)
-# ---------------------------------------------------------------------------
-
-def _programs(source, model, build_options):
-    """(RhsProgram, JacobianProgram wrt states, Csr plan) of ``source``."""
-    from ..layouts.types import Csr
-    from ..runtime.programs import JacobianProgram, RhsProgram
-    r = RhsProgram.build(source, model, options=build_options)
-    j = JacobianProgram.build(source, model, "states", options=build_options)
-    plan = j.plan(Csr(), source=r)
-    return r, j, plan
-
-
-def _key(layout, key: str) -> str:
-    """A user name (scoped or bare) as the layout's local name."""
-    sc = layout.scope
-    return key[len(sc):] if sc and key.startswith(sc) and key[len(sc):] else key
-
-
-def _element_index(layout, names: tuple, key: str, what: str) -> list:
-    """Flat positions in an ``names``-ordered vector addressed by ``key``:
-    ``Model.x[i,j]`` / ``x[i,j]`` (one element) or ``x`` (all of x)."""
-    k = _key(layout, key)
-    base, _, rest = k.partition("[")
-    offs, off = {}, 0
-    for n in names:
-        offs[n] = off
-        off += layout.size(n)
-    if base not in offs:
-        raise JacError("bad_argument", f"unknown {what} `{key}`; known: {', '.join(names)}")
-    shape = layout.shapes.get(base, ())
-    if not rest:
-        return list(range(offs[base], offs[base] + layout.size(base)))
-    try:
-        idx = tuple(int(x) - 1 for x in rest.rstrip("]").split(","))
-    except ValueError:
-        raise JacError("bad_argument", f"cannot read the element index of `{key}`") from None
-    if len(idx) != len(shape) or any(not 0 <= i < n for i, n in zip(idx, shape)):
-        raise JacError("bad_argument", f"`{key}` is outside the shape {shape} of `{base}`")
-    return [offs[base] + int(np.ravel_multi_index(idx, shape))]
-
-
-def _fill(base: np.ndarray | None, layout, names: tuple, value, n: int, what: str) -> np.ndarray:
-    """A flat float64 vector of length ``n``: ``value`` as an array, or a
-    dict overriding ``base`` (element keys set one element; variable keys
-    take a scalar or an array of the variable's shape)."""
-    if value is None:
-        if base is None:
-            raise JacError("bad_argument",
-                           f"the document gives no usable default for the {what}; pass it")
-        return np.array(base, dtype=np.float64, copy=True)
-    if isinstance(value, dict):
-        if base is None:
-            raise JacError("bad_argument", f"the document gives no usable default for the {what}; "
-                           "pass a full vector instead of a dict")
-        out = np.array(base, dtype=np.float64, copy=True)
-        for key, val in value.items():
-            pos = _element_index(layout, names, str(key), what)
-            arr = np.asarray(val, dtype=np.float64)
-            if arr.size not in (1, len(pos)):
-                raise JacError("bad_argument", f"`{key}` takes 1 or {len(pos)} values, got {arr.size}")
-            out[pos] = np.ravel(arr) if arr.size == len(pos) else float(arr.reshape(-1)[0])
-        return out
-    arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64).reshape(-1))
-    if arr.shape[0] != n:
-        raise JacError("bad_argument", f"the {what} must have {n} entries, got {arr.shape[0]}")
-    return arr.copy()
-
-
-def _inputs(r, y0, p, forcing) -> tuple:
-    """(y0, p, forcing) flat float64 vectors (forcing None when the model has none)."""
-    lay = r.layout
-    y = _fill(r.u0, lay, lay.states, y0, r.u_size(r.cells if r.kind == "cell" else 1), "initial state")
-    pv = _fill(r.p0, lay, lay.params, p, len(lay.params), "parameter vector")
-    nf = r.f_size(r.cells if r.kind == "cell" else 1)
-    if nf == 0:
-        if forcing is not None and not (isinstance(forcing, dict) and not forcing):
-            raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
-        f = None
-    else:
-        f = _fill(r.forcing0, lay, lay.forcing, forcing, nf, "forcing")
-    return y, pv, f
-
-
-def _pattern(plan) -> tuple:
-    """(rows, cols, n) of the Csr plan's entries in CSR data order."""
-    indptr = np.asarray(plan.indptr)
-    cols = np.asarray(plan.indices, dtype=np.int64)
-    n = int(plan.info["shape"][0])
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
-    return rows, cols, n
-
-
 #: ``threads="auto"``: the programs themselves run calls below this many
-#: unknowns on one thread (``esmjac.program.SERIAL_BELOW``).
-from ..runtime.programs import SERIAL_BELOW as AUTO_SERIAL_BELOW  # noqa: E402
+#: unknowns on one thread (:data:`esmjac.runtime.threads.SERIAL_BELOW`).
+AUTO_SERIAL_BELOW = SERIAL_BELOW
 
 
-def _thread_count(threads, n: int):
-    """The numba thread count callbacks run with (None: leave numba's setting)."""
-    if threads is None:
-        return None
-    if threads == "auto":
-        return None             # each program call picks serial or parallel itself
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise JacError("bad_option", f"threads must be 'auto', None or a positive int, not {threads!r}")
-    import numba
-    return min(int(threads), int(numba.config.NUMBA_NUM_THREADS))
+@dataclass(frozen=True)
+class _JacForms:
+    """Where the CSR data of ``jac`` goes for the chosen method (read-only,
+    fixed at build time): CSC permutation and indices, or LSODA's dense /
+    packed banded positions."""
 
+    perm: np.ndarray
+    csc_indices: np.ndarray
+    csc_indptr: np.ndarray
+    dense_pos: np.ndarray | None = None
+    band_pos: np.ndarray | None = None
 
-def _with_threads(nthreads, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with numba's (thread-local) thread count set to ``nthreads``.
-
-    esmjac's kernels are ``parallel=True``; on small problems the fork/join
-    of every call costs far more than the work (milliseconds per call on a
-    busy machine, against microseconds serially); the programs run small
-    calls serially on their own, this pins an explicit count."""
-    if nthreads is None:
-        return fn(*args, **kwargs)
-    import numba
-    prev = numba.get_num_threads()
-    if prev == nthreads:
-        return fn(*args, **kwargs)
-    numba.set_num_threads(nthreads)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        numba.set_num_threads(prev)
-
-
-def _bandwidths(rows, cols) -> tuple:
-    d = rows - cols
-    return int(max(0, d.max(initial=0))), int(max(0, (-d).max(initial=0)))
+    def __post_init__(self):
+        for f in ("perm", "csc_indices", "csc_indptr", "dense_pos", "band_pos"):
+            v = getattr(self, f)
+            if v is not None:
+                object.__setattr__(self, f, readonly(v))
 
 
 # ---------------------------------------------------------------------------
@@ -194,68 +86,62 @@ class IvpProblem:
     lband: int | None
     uband: int | None
     jac_sparsity: Any          # scipy.sparse.csc_matrix of ones (structural pattern)
-    _st: dict = field(repr=False)
+    threads: int | None        # numba threads the callbacks run with (None: numba's own setting)
+    counters: Counters         # nfev / njev since creation or reset_counters()
+    _forms: _JacForms
+    _scratch: RhsScratch       # this problem's own scratch (one thread)
+    _ws: JacWorkspace
 
     # -- counters --------------------------------------------------------------
     @property
     def nfev(self) -> int:
         """Calls of ``fun`` since creation / :meth:`reset_counters`."""
-        return self._st["nfev"]
+        return self.counters.nfev
 
     @property
     def njev(self) -> int:
         """Calls of ``jac`` since creation / :meth:`reset_counters`."""
-        return self._st["njev"]
+        return self.counters.njev
 
     @property
     def n(self) -> int:
         return int(self.y0.shape[0])
 
     def reset_counters(self) -> None:
-        self._st["nfev"] = 0
-        self._st["njev"] = 0
+        self.counters.reset()
 
     # -- callables -----------------------------------------------------------------
-    @property
-    def threads(self):
-        """numba threads the callbacks run with (None: numba's own setting)."""
-        return self._st["threads"]
-
     def fun(self, t, y) -> np.ndarray:
         """``dy/dt = f(t, y)`` (a new array)."""
-        st = self._st
-        st["nfev"] += 1
+        self.counters.nfev += 1
         out = np.empty(self.n)
-        _with_threads(st["threads"], self.rhs.eval_into, np.ascontiguousarray(y, dtype=np.float64),
-                      self.p, float(t), self.forcing, out, st["scratch"])
+        with_threads(self.threads, self.rhs.eval_into, np.ascontiguousarray(y, dtype=np.float64),
+                     self.p, float(t), self.forcing, out, self._scratch)
         return out
 
     def jac_data(self, t, y) -> np.ndarray:
         """The Jacobian's values in CSR order of ``plan`` (a new array)."""
-        st = self._st
-        data = np.empty(self.plan.out_size(st["ws"].lanes))
-        _with_threads(st["threads"], self.jacobian.eval_into, self.plan,
-                      np.ascontiguousarray(y, dtype=np.float64), self.p, float(t), self.forcing,
-                      data, st["ws"])
+        data = np.empty(self.plan.out_size(self._ws.lanes))
+        with_threads(self.threads, self.jacobian.eval_into, self.plan,
+                     np.ascontiguousarray(y, dtype=np.float64), self.p, float(t), self.forcing,
+                     data, self._ws)
         return data
 
     def jac(self, t, y):
         """``∂f/∂y`` at (t, y) in the form ``method`` takes (see module doc)."""
         from scipy.sparse import csc_matrix
-        st = self._st
-        st["njev"] += 1
+        self.counters.njev += 1
         data = self.jac_data(t, y)
-        n = self.n
+        n, fm = self.n, self._forms
         if self.method == "LSODA":
             if self.banded:
                 out = np.zeros((self.lband + self.uband + 1) * n)
-                out[st["band_pos"]] = data
+                out[fm.band_pos] = data
                 return out.reshape(self.lband + self.uband + 1, n)
             out = np.zeros(n * n)
-            out[st["dense_pos"]] = data
+            out[fm.dense_pos] = data
             return out.reshape(n, n)
-        return csc_matrix((data[st["perm"]], st["csc_indices"].copy(), st["csc_indptr"].copy()),
-                          shape=(n, n))
+        return csc_matrix((data[fm.perm], fm.csc_indices.copy(), fm.csc_indptr.copy()), shape=(n, n))
 
     def jac_csr(self, t, y):
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array`` (any method)."""
@@ -284,8 +170,8 @@ class IvpProblem:
             raise JacError("bad_option", f"this problem's jac is shaped for method {self.method!r}; "
                            f"build ivp(..., method={method!r}) for {method!r}")
         # One thread-count switch for the whole run (fun/jac then find it set).
-        return _with_threads(self._st["threads"], solve_ivp, self.fun, t_span,
-                             np.asarray(y0, dtype=np.float64), method=method, **opts)
+        return with_threads(self.threads, solve_ivp, self.fun, t_span,
+                            np.asarray(y0, dtype=np.float64), method=method, **opts)
 
 
 def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, banded=False,
@@ -320,55 +206,46 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     except ImportError as exc:  # pragma: no cover - scipy is a core dependency
         raise JacError("adapter_unavailable",
                        "scipy is not installed; pip install 'scipy>=1.10'") from exc
-    r, j, plan = _programs(source, model, build_options)
-    yv, pv, fv = _inputs(r, y0, p, forcing)
-    rows, cols, n = _pattern(plan)
+    nthreads = thread_count(threads)
+    r, j, plan = build_programs(source, model, build_options)
+    yv, pv, fv = inputs(r, y0, p, forcing)
+    rows, cols, n = csr_pattern(plan)
     lband = uband = None
-    st: dict = {"nfev": 0, "njev": 0, "scratch": r.new_buffers(), "ws": j.new_workspace(),
-                "threads": _thread_count(threads, n)}
+    band_pos = dense_pos = None
     if banded:
-        lband, uband = _bandwidths(rows, cols)
+        lband, uband = bandwidths(rows, cols)
         if max(lband, uband) > n / 2:
             raise JacError("bad_option",
                            f"the Jacobian is not banded (lower/upper bandwidth {lband}/{uband} of "
                            f"n = {n}); LSODA's banded form would be mostly zeros. Use the sparse "
                            "Jacobian instead: ivp(..., method='BDF') or method='Radau' "
                            "(or LSODA with banded=False, dense)")
-        st["band_pos"] = (uband + rows - cols) * n + cols
+        band_pos = (uband + rows - cols) * n + cols
     elif method == "LSODA":
-        st["dense_pos"] = rows * n + cols
+        dense_pos = rows * n + cols
     order = np.lexsort((rows, cols))                    # CSC: by column, then row
-    st["perm"] = order
-    st["csc_indices"] = rows[order].astype(np.int32)
-    st["csc_indptr"] = np.r_[0, np.cumsum(np.bincount(cols, minlength=n))].astype(np.int32)
-    pattern = csc_matrix((np.ones(rows.size), st["csc_indices"].copy(), st["csc_indptr"].copy()),
+    forms = _JacForms(order, rows[order].astype(np.int32),
+                      np.r_[0, np.cumsum(np.bincount(cols, minlength=n))].astype(np.int32),
+                      dense_pos, band_pos)
+    pattern = csc_matrix((np.ones(rows.size), forms.csc_indices.copy(), forms.csc_indptr.copy()),
                          shape=(n, n))
-    return IvpProblem(r, j, plan, yv, tuple(r.names), pv, fv, method, bool(banded), lband, uband,
-                      pattern, st)
+    return IvpProblem(r, j, plan, readonly(yv), tuple(r.names), readonly(pv),
+                      None if fv is None else readonly(fv), method, bool(banded), lband, uband,
+                      pattern, nthreads, Counters(), forms, r.new_buffers(), j.new_workspace())
 
 
 # ---------------------------------------------------------------------------
 # esmjac plugin (entry point ``esmjac.adapters: scipy``) -- keep below
 # ---------------------------------------------------------------------------
 
-_KINDS = ("scipy.ivp",)
-
-
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
+def esmjac_adapter() -> Adapter:
     version = dist_version("scipy")
+    kinds = {"scipy.ivp": ivp}
     if module_available("scipy"):  # top level only: find_spec("scipy.integrate") would import scipy
-        return AdapterInfo("scipy", version, _KINDS, True,
-                           f"scipy {version or '(version unknown)'} (scipy.integrate.solve_ivp)")
-    return AdapterInfo("scipy", version, _KINDS, False,
-                       "scipy is not installed; pip install 'scipy>=1.10'")
-
-
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "scipy.ivp":
-        return ivp(source, **options)
-    return None
+        return Adapter("scipy", version, kinds, True,
+                       f"scipy {version or '(version unknown)'} (scipy.integrate.solve_ivp)")
+    return Adapter("scipy", version, kinds, False, "scipy is not installed; pip install 'scipy>=1.10'")
 
 
 # ---------------------------------------------------------------------------

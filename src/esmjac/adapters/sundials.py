@@ -36,7 +36,6 @@ adjoint users. Exceptions raised inside a callback are kept and re-raised by
 from __future__ import annotations
 
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import sys
 from dataclasses import dataclass, field
@@ -45,7 +44,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..plugins.hookspecs import AdapterInfo, hookimpl
+from ..layouts.types import ColumnBanded, LaneBlocks
+from ..plugins.hookspecs import Adapter, dist_version, hookimpl
+from ..runtime.threads import thread_count, with_threads
+from ._common import bandwidths, build_programs, csr_pattern, inputs
 
 __all__ = ["cvode", "ida", "SundialsProblem"]
 
@@ -79,7 +81,6 @@ class _BlockPC:
     name = "block"
 
     def __init__(self, r, j, plan_csr):
-        from ..layouts.types import LaneBlocks
         self.j = j
         self.lay = r.layout
         if j.kind == "cell":
@@ -97,9 +98,8 @@ class _BlockPC:
                                "precond='block' needs every state on one grid (per-point blocks); "
                                "this model's states have different shapes: use precond='banded' "
                                "(ColumnBanded) or precond=None")
-            from .scipy import _pattern
             self.plan = plan_csr
-            rows, cols, _ = _pattern(plan_csr)
+            rows, cols, _ = csr_pattern(plan_csr)
             self.ns = len(lay.states)
             self.N = int(np.prod(next(iter(shapes))))
             sr, cr = np.divmod(rows, self.N)
@@ -143,7 +143,6 @@ class _BandedPC:
     name = "banded"
 
     def __init__(self, r, j, axis):
-        from ..layouts.types import ColumnBanded
         self.j = j
         self.plan = j.plan(ColumnBanded(axis), source=r)
         info = self.plan.info
@@ -250,8 +249,7 @@ class SundialsProblem:
         return out
 
     def _run(self, fn, *args):
-        from .scipy import _with_threads
-        return _with_threads(self._st["threads"], fn, *args)
+        return with_threads(self._st["threads"], fn, *args)
 
     def _eval_user(self, t, y) -> np.ndarray:
         st = self._st
@@ -336,12 +334,11 @@ class SundialsProblem:
 def _guard(st: dict, fn):
     """Keep a callback's exception (scikits.odes would swallow it) and
     report an unrecoverable failure (-1) to SUNDIALS instead."""
-    from .scipy import _with_threads
     nthreads = st["threads"]
 
     def call(*args):
         try:
-            rc = _with_threads(nthreads, fn, *args)
+            rc = with_threads(nthreads, fn, *args)
         except Exception as exc:        # noqa: BLE001 - re-raised by solve()
             if st.get("error") is None:
                 st["error"] = exc
@@ -355,7 +352,6 @@ def _guard(st: dict, fn):
 def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, forcing, y0,
            axis, precond_type, jtimes, threads, build_options, options) -> SundialsProblem:
     ode, dae = _odes()
-    from .scipy import _bandwidths, _inputs, _pattern, _programs, _thread_count
 
     krylov = _KRYLOV[kind]
     if linsolver not in _DIRECT + krylov:
@@ -383,16 +379,16 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         if k in options:
             raise JacError("bad_option", f"option {k!r} is set by the adapter")
 
-    r, j, plan = _programs(source, model, build_options)
-    yv, pv, fv = _inputs(r, y0, p, forcing)
-    rows, cols, n = _pattern(plan)
+    r, j, plan = build_programs(source, model, build_options)
+    yv, pv, fv = inputs(r, y0, p, forcing)
+    rows, cols, n = csr_pattern(plan)
     st: dict = {"error": None, "scratch": r.new_buffers(), "scratch_user": r.new_buffers(),
                 "ws_dense": j.new_workspace(), "ws_jv": j.new_workspace(), "ws_user": j.new_workspace()}
     st["dense_buf"] = np.empty(plan.out_size(st["ws_dense"].lanes))
     st["jv_buf"] = np.empty(plan.out_size(st["ws_jv"].lanes))
     st["user_buf"] = np.empty(plan.out_size(st["ws_user"].lanes))
     st["jv_ready"] = False
-    st["threads"] = _thread_count(threads, n)
+    st["threads"] = thread_count(threads)
     for k in ("nfev", "njev", "njtsetup", "njtimes", "npsetup", "npeval", "npsolve"):
         st[k] = 0
     sign = -1.0 if kind == "ida" else 1.0
@@ -433,7 +429,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         fns["resfn"] = _guard(st, resfn)
 
     if linsolver in ("band", "lapackband"):
-        lb, ub = _bandwidths(rows, cols)
+        lb, ub = bandwidths(rows, cols)
         if max(lb, ub) > n / 2:
             raise JacError("bad_option",
                            f"the Jacobian is not banded (lower/upper bandwidth {lb}/{ub} of n = {n}); "
@@ -582,7 +578,6 @@ def ida(source, *, model=None, linsolver="dense", precond=None, jacobian=True, r
 # esmjac plugin (entry point ``esmjac.adapters: sundials``) -- keep below
 # ---------------------------------------------------------------------------
 
-_KINDS = ("sundials.cvode", "sundials.ida")
 
 
 def _find_odes() -> bool:
@@ -605,26 +600,15 @@ def _find_odes() -> bool:
 
 
 @hookimpl
-def esmjac_adapter_info() -> AdapterInfo:
-    try:
-        version = importlib.metadata.version("scikits.odes")
-    except importlib.metadata.PackageNotFoundError:
-        version = ""
+def esmjac_adapter() -> Adapter:
+    version = dist_version("scikits.odes")
+    kinds = {"sundials.cvode": cvode, "sundials.ida": ida}
     if _find_odes():
-        return AdapterInfo("sundials", version, _KINDS, True,
-                           f"scikits.odes {version or '(version unknown)'} (SUNDIALS CVODE/IDA)")
-    return AdapterInfo("sundials", version, _KINDS, False,
-                       "scikits.odes is not installed; pip install 'esmjac[sundials]' "
-                       "(needs libsundials-dev), or use kind 'scipy.ivp'")
-
-
-@hookimpl
-def esmjac_create(kind, source, options):
-    if kind == "sundials.cvode":
-        return cvode(source, **options)
-    if kind == "sundials.ida":
-        return ida(source, **options)
-    return None
+        return Adapter("sundials", version, kinds, True,
+                       f"scikits.odes {version or '(version unknown)'} (SUNDIALS CVODE/IDA)")
+    return Adapter("sundials", version, kinds, False,
+                   "scikits.odes is not installed; pip install 'esmjac[sundials]' "
+                   "(needs libsundials-dev), or use kind 'scipy.ivp'")
 
 
 # ---------------------------------------------------------------------------

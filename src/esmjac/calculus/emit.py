@@ -17,7 +17,7 @@ reference goldens spell it (pass ``agg_spelling="faq"`` for esm ≥ 1.1.0).
 from __future__ import annotations
 
 from ..model.expr import Node, iter_children, map_children, node, node_count, stable_json, to_wire
-from .factorization import block_lu_plan
+from ..linalg.factorization import block_lu_plan
 from .structure import detect_structure
 
 __all__ = ["band_json", "entries_json", "cse_templates", "expand_templates",

@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .._version import __version__
+
 __all__ = ["cache_dir", "content_hash", "load_source"]
 
 
@@ -51,7 +53,6 @@ def code_version() -> str:
 def content_hash(*parts: str) -> str:
     import numba
 
-    from .. import __version__
     h = hashlib.sha256()
     for s in (__version__, numba.__version__, code_version(), *parts):
         h.update(s.encode())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import __version__
+from .._version import __version__
 from ..errors import JacError
 from ..model.expr import format_float
 from .ssa import Block, Lowering

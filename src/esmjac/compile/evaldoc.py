@@ -23,14 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..model.deep import run_deep
 from ..calculus.inline import inline_observed
 from ..errors import JacError
-from ..model.expr import AGG, Node, iter_children, map_children, node_count, stable_json, substitute, to_wire
+from ..model.deep import run_deep
+from ..model.expr import (AGG, Node, free_names, iter_children, map_children, node_count, stable_json,
+                          substitute, to_wire)
+from ..model.layout import ModelLayout, model_layout
 from ..model.load import SystemView
-from ..reference.oracle import ode_states
+from .lowering import rhs_pieces
 
-__all__ = ["Field", "EvalDoc", "jacobian_doc", "rhs_doc", "model_layout", "ModelLayout"]
+__all__ = ["Field", "EvalDoc", "jacobian_doc", "rhs_doc"]
 
 EVALDOC_VERSION = "1"
 
@@ -56,62 +58,6 @@ class Field:
         for _, lo, hi in self.dims:
             n *= hi - lo + 1
         return n
-
-
-@dataclass(frozen=True)
-class ModelLayout:
-    """How a model's arrays are laid out (shared by RHS and Jacobians)."""
-
-    model: str
-    scope: str
-    states: tuple          # ODE states, declaration order
-    shapes: dict           # name → shape for every state / parameter
-    params: tuple          # scalar parameters, declaration order (``p``)
-    forcing: tuple         # array-shaped parameters, declaration order
-    all_params: tuple      # every parameter, declaration order (wrt="parameters")
-    cell_shape: tuple      # common state shape, () when states differ
-    element_type: str | None
-
-    def size(self, name: str) -> int:
-        n = 1
-        for s in self.shapes.get(name, ()):
-            n *= s
-        return n
-
-    @cached_property
-    def n_state_elements(self) -> int:
-        return sum(self.size(s) for s in self.states)
-
-    @cached_property
-    def n_forcing_elements(self) -> int:
-        return sum(self.size(s) for s in self.forcing)
-
-    def state_offsets(self) -> dict:
-        """Base of each state in the flat ``evaluate_rhs`` order (L = cells)."""
-        out, off = {}, 0
-        for s in self.states:
-            out[s] = off
-            off += self.size(s)
-        return out
-
-    def forcing_offsets(self) -> dict:
-        out, off = {}, 0
-        for s in self.forcing:
-            out[s] = off
-            off += self.size(s)
-        return out
-
-
-def model_layout(view: SystemView) -> ModelLayout:
-    states = tuple(ode_states(view))
-    shapes = {n: v.shape for n, v in view.variables.items() if v.kind in ("state", "parameter")}
-    params = tuple(n for n, v in view.variables.items() if v.kind == "parameter" and not v.shape)
-    forcing = tuple(n for n, v in view.variables.items() if v.kind == "parameter" and v.shape)
-    allp = tuple(n for n, v in view.variables.items() if v.kind == "parameter")
-    sh = {shapes.get(s, ()) for s in states}
-    cell = next(iter(sh)) if len(sh) == 1 else ()
-    return ModelLayout(view.name, view.scope, states, shapes, params, forcing, allp, tuple(cell),
-                       view.element_type)
 
 
 @dataclass(frozen=True)
@@ -208,7 +154,6 @@ def _pointwise(lay: ModelLayout, rows, pins, cidx, expr, col_shape) -> bool:
 
 
 def _has_bare_arrays(lay: ModelLayout, e) -> bool:
-    from ..model.expr import free_names
     return any(lay.shapes.get(n) for n in free_names(e) if not _only_in_index(e, n))
 
 
@@ -296,7 +241,6 @@ def _hoist(fields: list, min_nodes: int = 3) -> tuple:
 
 def rhs_doc(view: SystemView, lay: ModelLayout | None = None) -> EvalDoc:
     """The evaluation document of the right-hand side."""
-    from .lowering import rhs_pieces
     lay = lay or model_layout(view)
     pieces = run_deep(rhs_pieces, view)
     kind = "cell" if lay.cell_shape and all(

@@ -352,9 +352,14 @@ def rosenbrock(
     in the *permuted* order: permuted position ``k`` is natural species
     ``perm[k]`` (``None`` = identity). ``out`` is zeroed before each call, so
     slots ``jac`` leaves alone (fill-in, structural zeros) read as 0.
+    The one block-LU order gives both: ``plan = esmjac.linalg.factorization.
+    block_order(states, pairs)``, ``perm = plan.positions(states)`` (indices
+    into the declared, natural order — not ``plan.ordering``, which indexes
+    the sorted names), ``lu_pattern = plan.lu_pattern``; a LaneSparseBlocks
+    plan's ``info["ordering"]``/``info["lu_pattern"]`` are the same.
 
     ``lu_pattern`` must be sorted, contain every diagonal and be closed under
-    no-pivoting fill-in (``esmjac.factorization.block_lu_plan(...).lu_pattern``);
+    no-pivoting fill-in;
     a prebuilt :class:`SparseLaneLU` is accepted too (its op lists are reused).
 
     Error control: the error norm is the **maximum over lanes** of the RMS

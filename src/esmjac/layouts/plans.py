@@ -12,15 +12,19 @@ CSR), are immutable, picklable and serialize to deterministic JSON.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .._frozen import FrozenMap, frozen_arrays
+from ..compile.ssa import _table
 from ..errors import JacError
+from ..linalg.factorization import block_order
 from ..model.expr import Node, is_lit
-from ..calculus.factorization import lu_fill, markowitz_ordering
+from ..model.layout import strides
 from .types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
 
 __all__ = ["ScatterPlan", "build_plan", "field_meta"]
@@ -41,7 +45,6 @@ def _ival(e, env: dict):
     if not isinstance(e, Node):
         raise JacError("unsupported_construct", f"cannot evaluate the index {e!r}")
     if e.op == "index" and isinstance(e.args[0], Node) and e.args[0].op == "const":
-        from ..compile.ssa import _table
         flat, shape = _table(e.args[0].attr("value"))
         idx = [np.asarray(_ival(x, env), dtype=float) for x in e.args[1:]]
         f = _flat(idx, shape, max([np.size(i) for i in idx] + [1]))
@@ -79,19 +82,11 @@ def _ival(e, env: dict):
                    f"a column index computed with `{o}` (data-dependent or unsupported) is not compiled")
 
 
-def _strides(shape) -> list:
-    st, acc = [], 1
-    for n in reversed(shape):
-        st.append(acc)
-        acc *= n
-    return st[::-1]
-
-
 def _flat(idx: list, shape: tuple, npts: int):
     """Row-major flat index of 1-based ``idx`` arrays; -1 outside ``shape``."""
     flat = np.zeros(npts, dtype=_I)
     ok = np.ones(npts, dtype=bool)
-    for x, n, st in zip(idx, shape, _strides(shape)):
+    for x, n, st in zip(idx, shape, strides(shape)):
         x = np.broadcast_to(np.asarray(x, dtype=float), (npts,))
         xi = np.rint(x)
         if np.any(xi != x):
@@ -125,11 +120,11 @@ def _gather(tgt_key, other, src, order):
     return t[starts].astype(_I), ptr, src[order].astype(_I), other[order].astype(_I)
 
 
-def field_meta(doc, lay, cvars: tuple, cbase: dict) -> dict:
+def field_meta(doc, lay, cvars: tuple, cbase) -> FrozenMap:
     """Read-only index arrays of a Jacobian program (rows, columns, gathers)."""
     if doc.kind == "cell":
-        return _cell_meta(doc, lay, cvars)
-    return _global_meta(doc, lay, cbase)
+        return frozen_arrays(_cell_meta(doc, lay, cvars))
+    return frozen_arrays(_global_meta(doc, lay, cbase))
 
 
 def _cell_meta(doc, lay, cvars: tuple) -> dict:
@@ -219,23 +214,25 @@ def _points(prog) -> tuple:
 
 @dataclass(frozen=True, eq=False)
 class ScatterPlan:
-    """A checked, immutable scatter map (see module docstring)."""
+    """A checked, immutable scatter map (see module docstring): arrays are
+    read-only, ``info`` is a frozen mapping, ``key`` hashes the plan's
+    content (layout, kind, lanes, info, arrays)."""
 
     fingerprint: str           # the JacobianProgram it belongs to
     layout: Any
     kind: str                  # "lane" | "point"
-    arrays: dict               # read-only index arrays
-    info: dict                 # JSON-able facts (shape, ordering, lu_pattern, bands…)
+    arrays: FrozenMap          # read-only index arrays
+    info: FrozenMap            # JSON-able facts (shape, ordering, lu_pattern, bands…)
     lanes: int | None = None   # required lane count (None: any)
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    key: str = ""              # content hash (set by build_plan)
 
-    def __getstate__(self):
-        d = dict(self.__dict__)
-        d["_cache"] = {k: v for k, v in self._cache.items() if k == "fused_kernel"}
-        return d
+    def __post_init__(self):
+        object.__setattr__(self, "arrays", frozen_arrays(self.arrays))
+        object.__setattr__(self, "info", frozen_arrays(self.info))
 
-    def __setstate__(self, d):
-        self.__dict__.update(d)
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()           # pickle does not keep writeable=False
 
     def out_size(self, lanes: int) -> int:
         if self.kind == "lane":
@@ -248,21 +245,11 @@ class ScatterPlan:
                            f"the {self.layout.name} plan addresses exactly {self.lanes} lanes; "
                            f"the workspace has {lanes}")
 
-    def scatter(self, B: np.ndarray, L: int, out: np.ndarray) -> None:
-        from ..runtime import kernels as K
-        a = self.arrays
-        if self.kind == "lane":
-            K.lane_gather(B, L, a["ptr"], a["src"], a["a"], a["b"], a["stride"], out)
-        else:
-            if self.info.get("zero_first"):
-                out[:] = 0
-            K.point_gather(B, a["ptr"], a["src"], a["pos"], out)
-
     # -- serialization --------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"esmjac_plan": 1, "layout": self.layout.name, "kind": self.kind,
                 "lanes": self.lanes,
-                "info": self.info,
+                "info": _plain(self.info),
                 "arrays": {k: v.tolist() for k, v in sorted(self.arrays.items())}}
 
     def to_json(self) -> str:
@@ -277,17 +264,17 @@ class ScatterPlan:
         return self.arrays["indices"]
 
 
-def _ro(d: dict) -> dict:
-    for v in d.values():
-        if isinstance(v, np.ndarray):
-            v.setflags(write=False)
-    return d
+def _plain(x):
+    """JSON-able copy of frozen metadata (FrozenMap → dict, tuple → list)."""
+    if isinstance(x, (dict, FrozenMap)):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
 
 
-def build_plan(prog, layout, source=None) -> ScatterPlan:
+def build_plan(prog, layout) -> ScatterPlan:
     """Build and check a plan of ``prog`` for ``layout`` (DESIGN §5–§6)."""
-    if source is not None:
-        _check_source(prog, source)
     if isinstance(layout, (LaneBlocks, LaneSparseBlocks)):
         if prog.kind != "cell":
             raise JacError("nonuniform_pattern",
@@ -302,24 +289,11 @@ def build_plan(prog, layout, source=None) -> ScatterPlan:
     else:
         raise JacError("bad_option", f"unknown layout {layout!r}; use LaneBlocks, LaneSparseBlocks, "
                        "ColumnBanded or Csr")
-    return ScatterPlan(prog.fingerprint, layout, kind, _ro(arrays), info, lanes)
-
-
-def _check_source(prog, source) -> None:
-    from ..runtime.programs import RhsProgram
-    if not isinstance(source, RhsProgram):
-        raise JacError("bad_argument", f"source must be an RhsProgram, got {type(source).__name__}")
-    names = set(source.layout.states) | set(source.param_names) | set(source.forcing_names) | {"t"}
-    for v in prog.col_vars:
-        if v not in names:
-            raise JacError("unresolvable_column", f"column variable `{v}` does not resolve in the RhsProgram")
-    for en in prog.bands:
-        if en.row not in names:
-            raise JacError("unresolvable_column", f"row variable `{en.row}` does not resolve in the RhsProgram")
-    if source.layout_fingerprint != prog.layout_fingerprint:
-        raise JacError("foreign_layout",
-                       "the RhsProgram was built from a different model or layout (its fingerprint "
-                       "differs from this JacobianProgram's)")
+    h = hashlib.sha256(repr((layout.name, kind, lanes, sorted(info.items()))).encode())
+    for k in sorted(arrays):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(arrays[k], dtype=_I).tobytes())
+    return ScatterPlan(prog.fingerprint, layout, kind, arrays, info, lanes, h.hexdigest())
 
 
 def _block_pattern(prog) -> tuple:
@@ -346,18 +320,15 @@ def _slots_from(keys: list, rc: list) -> tuple:
 
 
 def markowitz(prog) -> tuple:
-    """(ordering, lu_pattern) of a square cell block (declaration order)."""
+    """(ordering, lu_pattern) of a square cell block: the one block-LU order
+    (:func:`esmjac.linalg.factorization.block_order`) as indices into the
+    declared states — elimination position ``k`` is state ``ordering[k]``."""
     rc, n, m = _block_pattern(prog)
     if n != m or prog.wrt != "states":
         raise JacError("bad_option", "a Markowitz ordering needs a square block (wrt='states')")
-    P = [[i == j for j in range(n)] for i in range(n)]
-    for r, c in rc:
-        P[r][c] = True
-    order = markowitz_ordering(P)
-    Pp = [[P[order[i]][order[j]] for j in range(n)] for i in range(n)]
-    F = lu_fill(Pp)
-    lu = tuple((i, j) for i in range(n) for j in range(n) if F[i][j])
-    return tuple(order), lu
+    states = prog.layout.states
+    plan = block_order(states, [(states[r], states[c]) for r, c in rc])
+    return plan.positions(states), plan.lu_pattern
 
 
 def _lane_blocks(prog, layout) -> tuple:

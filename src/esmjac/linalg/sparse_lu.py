@@ -2,7 +2,8 @@
 
 Many independent small systems (one per grid cell, a *lane*) share one
 sparsity pattern. The pattern — already closed under no-pivoting fill-in and
-already in elimination order (see :func:`esmjac.factorization.block_lu_plan`)
+already in elimination order (the one block-LU order,
+:func:`esmjac.linalg.factorization.block_order`; its ``lu_pattern``)
 — is turned once, at construction, into flat integer op lists: for each
 pivot the multiplier slots and the rank-one updates, and for the triangular
 solves the off-diagonal products row by row. The numeric kernels then run

@@ -8,21 +8,27 @@ adapters exactly as third-party ones::
     [project.entry-points."esmjac.adapters"]
     mysolver = "mypackage.esmjac_adapter"
 
-Adapters offer one or more *kinds* (dotted names such as ``"scipy.ivp"``);
-:func:`esmjac.plugins.create` finds the adapter that provides a kind and
-asks it for the solver-facing object. Adapters must import their solver
-package lazily, inside the factory, never at module import time.
+An adapter answers one hook, :func:`esmjac_adapter`, with an
+:class:`Adapter`: its name, whether its solver package is usable here, and
+a mapping *kind* → factory (kinds are dotted names such as
+``"scipy.ivp"``). :func:`esmjac.plugins.create` finds the adapter whose
+mapping holds a kind and calls that factory as ``factory(source,
+**options)``; nothing else dispatches on kinds. Adapters must import their
+solver package lazily, inside the factory, never at module import time.
 """
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
-__all__ = ["hookspec", "hookimpl", "AdapterInfo", "esmjac_adapter_info", "esmjac_create"]
+from .._frozen import FrozenMap
+
+__all__ = ["hookspec", "hookimpl", "Adapter", "esmjac_adapter", "module_available", "dist_version"]
 
 #: Marks a function as an esmjac hook specification.
 hookspec = pluggy.HookspecMarker("esmjac")
@@ -31,44 +37,40 @@ hookimpl = pluggy.HookimplMarker("esmjac")
 
 
 @dataclass(frozen=True)
-class AdapterInfo:
-    """What an adapter plugin is and whether it can be used here.
+class Adapter:
+    """What an adapter plugin is, whether it can be used here, and what it makes.
 
     ``name``      short adapter name, e.g. ``"scipy"``.
     ``version``   version of the solver package it drives (``""`` if absent).
-    ``provides``  the kinds it can create, e.g. ``("sundials.cvode", "sundials.ida")``.
+    ``kinds``     kind → factory, e.g. ``{"sundials.cvode": cvode, "sundials.ida": ida}``;
+                  ``factory(source, **options)`` returns the solver-facing object.
     ``available`` whether its solver package is installed (checked without importing it).
     ``detail``    which package/version it uses, or why it is unavailable and how to fix it.
     """
 
     name: str
     version: str
-    provides: tuple[str, ...]
+    kinds: Mapping[str, Callable[..., Any]] = field(compare=False)
     available: bool
     detail: str
 
+    def __post_init__(self):
+        object.__setattr__(self, "kinds", FrozenMap(self.kinds))
+
+    @property
+    def provides(self) -> tuple[str, ...]:
+        """The kinds this adapter creates, in its own order."""
+        return tuple(self.kinds)
+
 
 @hookspec
-def esmjac_adapter_info() -> AdapterInfo:
-    """Describe this adapter. Every adapter plugin must implement this hook.
+def esmjac_adapter() -> Adapter:
+    """Describe this adapter and map each kind it provides to its factory.
+    Every adapter plugin implements exactly this hook.
 
     Must be cheap and must not import the solver package: use
-    :func:`importlib.util.find_spec` for availability and
-    :func:`importlib.metadata.version` for the version.
-    """
-
-
-@hookspec(firstresult=True)
-def esmjac_create(kind: str, source: Any, options: dict[str, Any]) -> Any | None:
-    """Create the solver-facing object for ``kind`` from ``source``.
-
-    ``source`` is whatever the caller passed (an ``.esm`` path, a
-    :class:`esmjac.BandSet`, ...); ``options`` are the keyword options given
-    to :func:`esmjac.plugins.create`. The adapter that provides ``kind``
-    returns the object (the first non-``None`` result wins); every other
-    adapter must return ``None``. :func:`esmjac.plugins.create` refuses a
-    kind whose adapter is unavailable before this hook is called, and then
-    asks only the chosen adapter. Import the solver package here, lazily.
+    :func:`module_available` for availability and :func:`dist_version`
+    for the version. The factories import the solver package when called.
     """
 
 

@@ -1,6 +1,6 @@
 """The adapter plugin manager: discovery, listing and creation.
 
-Adapters (see :mod:`esmjac.hookspecs`) are found only through the
+Adapters (see :mod:`esmjac.plugins.hookspecs`) are found only through the
 ``esmjac.adapters`` entry-point group; esmjac's own ``scipy``, ``sundials``
 and ``native`` adapters are registered there exactly as third-party ones.
 Nothing here imports a solver package: adapters import theirs lazily when
@@ -13,9 +13,9 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
 from ..errors import JacError
-from .hookspecs import AdapterInfo
+from . import hookspecs
+from .hookspecs import Adapter
 
 __all__ = ["ENTRY_POINT_GROUP", "plugin_manager", "adapter_infos", "create"]
 
@@ -36,28 +36,26 @@ def plugin_manager() -> pluggy.PluginManager:
     return pm
 
 
-def _plugin_infos() -> list[tuple[object, AdapterInfo]]:
-    """(plugin, info) for every registered adapter, in hook-call order."""
-    pm = plugin_manager()
+def _adapters() -> list[Adapter]:
+    """Every registered adapter, in hook-call order (later-registered first)."""
     out = []
-    # Hook-call order: later-registered implementations first.
-    for impl in reversed(pm.hook.esmjac_adapter_info.get_hookimpls()):
+    for impl in reversed(plugin_manager().hook.esmjac_adapter.get_hookimpls()):
         info = impl.function()
-        if not isinstance(info, AdapterInfo):
+        if not isinstance(info, Adapter):
             raise TypeError(
-                f"esmjac adapter {impl.plugin_name!r}: esmjac_adapter_info returned "
-                f"{type(info).__name__}, not AdapterInfo")
-        out.append((impl.plugin, info))
+                f"esmjac adapter {impl.plugin_name!r}: esmjac_adapter returned "
+                f"{type(info).__name__}, not Adapter")
+        out.append(info)
     return out
 
 
-def adapter_infos() -> list[AdapterInfo]:
-    """Every installed adapter's :class:`AdapterInfo`, sorted by name."""
-    return sorted((info for _, info in _plugin_infos()), key=lambda i: (i.name, i.provides))
+def adapter_infos() -> list[Adapter]:
+    """Every installed adapter, sorted by name."""
+    return sorted(_adapters(), key=lambda a: (a.name, a.provides))
 
 
-def _installed_kinds(infos) -> list[str]:
-    return sorted({k for info in infos for k in info.provides})
+def _kinds(adapters) -> list[str]:
+    return sorted({k for a in adapters for k in a.kinds})
 
 
 def create(kind: str, source: Any, **options: Any) -> Any:
@@ -66,29 +64,21 @@ def create(kind: str, source: Any, **options: Any) -> Any:
     Raises :class:`~esmjac.errors.JacError` ``bad_option`` when no installed
     adapter provides ``kind``, and ``adapter_unavailable`` when the adapter
     that provides it cannot be used here (its solver package is missing).
+    The latest-registered usable provider's factory is called.
     """
-    pairs = _plugin_infos()
-    providers = [(plugin, info) for plugin, info in pairs if kind in info.provides]
+    adapters = _adapters()
+    providers = [a for a in adapters if kind in a.kinds]
     if not providers:
-        kinds = _installed_kinds(info for _, info in pairs)
+        kinds = _kinds(adapters)
         raise JacError("bad_option",
                        f"no installed adapter provides kind {kind!r}; installed kinds: "
                        f"{', '.join(kinds) if kinds else '(none)'}")
-    usable = [(plugin, info) for plugin, info in providers if info.available]
+    usable = [a for a in providers if a.available]
     if not usable:
-        alternatives = _installed_kinds(info for _, info in pairs if info.available)
-        details = "; ".join(f"{info.name}: {info.detail}" for _, info in providers)
+        alternatives = _kinds(a for a in adapters if a.available)
+        details = "; ".join(f"{a.name}: {a.detail}" for a in providers)
         raise JacError("adapter_unavailable",
                        f"kind {kind!r} is provided by an adapter that is unavailable here "
                        f"({details}); available kinds: "
                        f"{', '.join(alternatives) if alternatives else '(none)'}")
-    # The latest-registered usable provider wins; only it is asked.
-    plugin, info = usable[0]
-    pm = plugin_manager()
-    others = [p for p in pm.get_plugins() if p is not plugin]
-    result = pm.subset_hook_caller("esmjac_create", remove_plugins=others)(
-        kind=kind, source=source, options=dict(options))
-    if result is None:
-        raise JacError("bad_option",
-                       f"adapter {info.name!r} lists kind {kind!r} but created nothing for it")
-    return result
+    return usable[0].kinds[kind](source, **options)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..calculus.bandset import BandSet
-from .oracle import assemble, element_names, ode_states
+from ..model.layout import element_names, ode_states
+from .oracle import assemble
 
 __all__ = ["FDReport", "fd_check", "rhs_vector"]
 

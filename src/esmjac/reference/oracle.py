@@ -7,8 +7,10 @@ and accumulates ``J[row, col] += coef`` into a dict. Column indices outside
 the column variable's extent contribute nothing (spec §4). This is the
 oracle the compiled kernels are tested against; it is not a fast path.
 
-Element names and order follow ``earthsci_ast.evaluate_rhs``: states in
-declaration order, elements row-major, 1-based, ``Model.var[i,j]``.
+Element names, order and defaults come from :mod:`esmjac.model.layout`
+(``earthsci_ast.evaluate_rhs``'s: states in declaration order, elements
+row-major, 1-based, ``Model.var[i,j]``), the same module the compiled path
+asks.
 """
 from __future__ import annotations
 
@@ -18,122 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.deep import run_deep
 from ..calculus.bandset import BandSet
 from ..calculus.inline import inline_observed
 from ..errors import JacError
+from ..model.deep import run_deep
 from ..model.evaluate import Decline, ev
-from ..model.expr import AGG, Node, from_ast
-from ..model.load import SystemView, lhs_state
+from ..model.expr import Node
+from ..model.layout import Point, element_name, element_names, ode_states, resolve_point
 
-__all__ = ["Point", "element_names", "resolve_point", "oracle_entries", "assemble", "Assembled"]
-
-
-def _elem(name: str, idx: tuple) -> str:
-    return f"{name}[{','.join(str(i) for i in idx)}]" if idx else name
-
-
-def _points(shape: tuple):
-    return itertools.product(*(range(1, n + 1) for n in shape))
-
-
-def ode_states(view: SystemView) -> list:
-    """States in declaration order (the order ``evaluate_rhs`` uses)."""
-    written = {lhs_state(l) for l, _ in view.equations}
-    return [n for n, v in view.variables.items() if v.kind == "state" and n in written]
-
-
-def element_names(view: SystemView, names: list) -> list:
-    """Scoped element names of ``names`` (row-major elements)."""
-    out = []
-    for n in names:
-        for idx in _points(view.shape(n)):
-            out.append(view.scope + _elem(n, idx))
-    return out
-
-
-@dataclass(frozen=True)
-class Point:
-    """Values of every state and parameter (arrays as nested numpy), and t."""
-
-    values: dict       # local name → float or ndarray (shape = variable shape)
-    t: float
-
-
-def _ic_values(view: SystemView) -> dict:
-    out = {}
-    for lhs, rhs in view.equations:
-        if isinstance(lhs, Node) and lhs.op == "ic" and isinstance(lhs.args[0], str):
-            out.setdefault(lhs.args[0], rhs)
-    for name, rhs in getattr(view.source, "field_ics", None) or ():
-        out.setdefault(name, from_ast(rhs))
-    return out
-
-
-def _fill(view: SystemView, name: str, expr, shape: tuple):
-    """A default/initial value (scalar broadcast, or an aggregate per cell)."""
-    if not shape:
-        return ev(expr, {"t": 0.0})
-    arr = np.empty(shape)
-    if isinstance(expr, Node) and expr.op == AGG and expr.attr("output_idx"):
-        oidx = list(expr.attr("output_idx"))
-        for idx in _points(shape):
-            arr[tuple(i - 1 for i in idx)] = ev(expr.body, {n: float(i) for n, i in zip(oidx, idx)})
-        return arr
-    arr[...] = ev(expr, {"t": 0.0})
-    return arr
-
-
-def resolve_point(view: SystemView, u: dict | None, p: dict | None, t: float,
-                  names: list) -> Point:
-    """Values for every name in ``names``: defaults (``ic`` first, as
-    ``evaluate_rhs`` does), overridden by ``u``/``p`` keyed by element or
-    variable name, scoped or bare. Unknown keys are refused."""
-    ics = _ic_values(view)
-    values: dict = {}
-    for n in names:
-        var = view.variables[n]
-        src = ics.get(n) if var.kind != "parameter" else None
-        if src is None:
-            src = var.default
-        if src is None:         # must then be given in full by u / p
-            values[n] = np.full(var.shape, np.nan) if var.shape else math.nan
-            continue
-        if isinstance(src, (list, tuple)):       # a per-element default array
-            arr = np.asarray(src, dtype=float)
-            if arr.shape != var.shape:
-                raise JacError("bad_argument", f"default of `{n}` has shape {arr.shape}, not {var.shape}")
-            values[n] = arr.copy()
-            continue
-        try:
-            values[n] = _fill(view, n, from_ast(src) if not isinstance(src, (int, float, Node, str)) else src, var.shape)
-        except Decline:         # an expression default: must be given by u / p
-            values[n] = np.full(var.shape, np.nan) if var.shape else math.nan
-    for overrides in (u or {}), (p or {}):
-        for key, val in overrides.items():
-            _apply(view, values, key, val)
-    for n, v in values.items():
-        if np.isnan(v).any():
-            raise JacError("bad_argument",
-                           f"`{view.scope}{n}` has no usable default or initial value; pass it in u/p")
-    return Point(values, float(t))
-
-
-def _apply(view: SystemView, values: dict, key: str, val) -> None:
-    k = key[len(view.scope):] if view.scope and key.startswith(view.scope) else key
-    base, _, rest = k.partition("[")
-    if base not in values:
-        raise JacError("bad_argument", f"unknown name `{key}` (not a state or parameter of this model)")
-    shape = view.shape(base)
-    if rest:
-        idx = tuple(int(x) - 1 for x in rest.rstrip("]").split(","))
-        if len(idx) != len(shape) or any(not 0 <= i < n for i, n in zip(idx, shape)):
-            raise JacError("bad_argument", f"`{key}` is outside the shape {shape} of `{base}`")
-        values[base][idx] = float(val)
-    elif shape:
-        values[base] = np.broadcast_to(np.asarray(val, dtype=float), shape).copy()
-    else:
-        values[base] = float(val)
+__all__ = ["oracle_entries", "assemble", "Assembled", "column_names"]
 
 
 def _index_fn(values: dict):
@@ -205,7 +100,7 @@ def _oracle(bs: BandSet, point: Point) -> dict:
                     val = ev(coef, env, read)
                 except Decline as exc:
                     raise JacError("evaluation_error", f"coefficient of {en.row}/{en.col}: {exc}")
-                key = (_elem(en.row, tuple(ridx)), _elem(en.col, ci))
+                key = (element_name(en.row, tuple(ridx)), element_name(en.col, ci))
                 out[key] = out.get(key, 0.0) + val
     return out
 

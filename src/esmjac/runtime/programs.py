@@ -14,24 +14,33 @@ order. Every argument is checked in Python before compiled code runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 import pickle
+import sys
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
+import numba
 import numpy as np
 
-from ..model.deep import run_deep
+from .._frozen import FrozenMap, frozen_arrays, readonly
+from .._version import __version__
 from ..calculus.bandset import BandSet, check_options
-from ..compile import content_hash, generate, load_source
-from ..compile.cache import cache_dir
+from ..compile.cache import cache_dir, code_version
+from ..compile.engine import ENGINE_OPTIONS, Kernel, compile_doc
+from ..compile.evaldoc import EvalDoc, jacobian_doc, rhs_doc
 from ..errors import JacError
-from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
+from ..layouts.plans import ScatterPlan, build_plan, field_meta
+from ..model.deep import run_deep
+from ..model.layout import ModelLayout, default_vectors, element_names, model_layout
 from ..model.load import SystemView, load_view
-from ..reference.oracle import element_names
+from . import kernels as K
+from .second import contract_at
+from .threads import one_thread, serial_below
 
 __all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
 
@@ -39,47 +48,11 @@ __all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
 PROGRAM_OPTIONS = {
     "allow_empty": False,     # accept a state-independent array RHS
     "backend": "numba",       # "numba" (the engine) or "numpy" (reference, explicit only)
-    "max_stmts": 400,         # statement cap per compiled chunk
-    "engine": "auto",         # "codegen" | "tape" | "auto" (tape for large cell programs)
-    "tape_above": 1500,       # auto: statements above which a cell program is taped
+    **ENGINE_OPTIONS,         # max_stmts, engine, tape_above (see compile.engine)
     "cache": True,            # reuse whole build products from the on-disk cache
     "progress": False,        # print build stages to stderr
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
-
-#: Below this many state elements a call runs on one thread: the fork/join
-#: of a parallel region costs more than the work (measured: 64 cells of a
-#: 15-species mechanism, 2-8 ms per call on 2 threads vs 7-30 µs on one).
-SERIAL_BELOW = 20000
-
-
-def _one_thread() -> bool:
-    import numba
-    return numba.get_num_threads() == 1
-
-
-class _Serial:
-    """Run small calls on one numba thread (thread-local setting, restored)."""
-
-    __slots__ = ("on", "prev")
-
-    def __init__(self, n: int):
-        self.on = n < SERIAL_BELOW
-        self.prev = 1
-
-    def __enter__(self):
-        if self.on:
-            import numba
-            self.prev = numba.get_num_threads()
-            if self.prev != 1:
-                numba.set_num_threads(1)
-        return self
-
-    def __exit__(self, *exc):
-        if self.on and self.prev != 1:
-            import numba
-            numba.set_num_threads(self.prev)
-
 
 # ------------------------------------------------------------------ helpers
 
@@ -93,7 +66,6 @@ def _source_key(source: Any, model, extra: str) -> str | None:
     elif isinstance(source, str):
         data = source.encode()
     elif isinstance(source, dict):
-        import json
         data = json.dumps(source, sort_keys=True).encode()
     else:
         return None
@@ -102,7 +74,6 @@ def _source_key(source: Any, model, extra: str) -> str | None:
 
 def _stage(opts, msg: str, t0: float) -> None:
     if opts.get("progress"):
-        import sys
         print(f"[esmjac] {msg} ({time.perf_counter() - t0:.2f} s)", file=sys.stderr, flush=True)
 
 
@@ -149,82 +120,7 @@ def _params(p, n: int) -> np.ndarray:
     return a
 
 
-def _defaults(view: SystemView, lay: ModelLayout) -> tuple:
-    """u0, p0 and forcing0 from the document's defaults/initial values."""
-    from ..reference.oracle import resolve_point
-    try:
-        pt = resolve_point(view, None, None, 0.0, list(lay.states) + list(lay.all_params))
-    except JacError:
-        return None, None, None
-    u0 = np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in lay.states]) \
-        if lay.states else np.zeros(0)
-    p0 = np.array([float(pt.values[n]) for n in lay.params], dtype=np.float64)
-    f0 = np.concatenate([np.ravel(np.asarray(pt.values[n], dtype=np.float64)) for n in lay.forcing]) \
-        if lay.forcing else np.zeros(0)
-    return u0, p0, f0
-
-
 # ------------------------------------------------------------------ common
-
-@dataclass(frozen=True, eq=False)
-class _Kernel:
-    """Generated source + its import (lazy; re-imported after unpickling)."""
-
-    source: str
-    key: str
-    chunks: tuple
-    chunk_kinds: tuple
-    n_hoist: int
-    n_statements: int
-    engine: str = "codegen"
-    tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
-
-    def module(self):
-        if self.engine == "tape":
-            return None
-        return load_source(self.source, self.key)
-
-    def listing(self) -> str:
-        """Readable generated source or tape."""
-        if self.engine == "tape":
-            pro, body = self.tapes
-            return (f"# esmjac tape: prologue {len(pro.code)} instructions, body {len(body.code)} "
-                    f"instructions, {body.nreg} registers\n# prologue\n{pro.listing()}\n# body\n"
-                    f"{body.listing()}\n")
-        return self.source
-
-
-def _distinct_nodes(exprs: list) -> int:
-    from ..model.expr import Node, iter_children
-    seen: set = set()
-    stack = list(exprs)
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Node) and id(x) not in seen:
-            seen.add(id(x))
-            stack.extend(iter_children(x))
-    return len(seen)
-
-
-def _compile(doc: EvalDoc, opts: dict) -> _Kernel:
-    engine = opts["engine"]
-    if engine not in ("auto", "codegen", "tape"):
-        raise JacError("bad_option", f"engine must be 'auto', 'codegen' or 'tape'; got {engine!r}")
-    if engine == "auto" and doc.kind == "cell":
-        # Size decides: generated chunks compile in ~5 s per 400 statements
-        # here, the tape interpreter is compiled once for every model. The
-        # distinct expression nodes approximate the statement count.
-        n = _distinct_nodes([doc.expanded(f.expr) for f in doc.fields])
-        engine = "tape" if n > int(opts["tape_above"]) else "codegen"
-    if engine == "tape":
-        from ..compile.codegen import tape_program
-        pro, body, nh = run_deep(tape_program, doc)
-        key = content_hash(pro.code.tobytes().hex(), body.code.tobytes().hex())
-        return _Kernel("", key, (), (), nh, len(body.code), "tape", (pro, body))
-    g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]))
-    key = content_hash(g.source)
-    return _Kernel(g.source, key, g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
-
 
 class _Base:
     """Shared lane bookkeeping of RhsProgram and JacobianProgram."""
@@ -251,22 +147,8 @@ class _Base:
             return len(self.layout.forcing) * lanes
         return self.layout.n_forcing_elements
 
-    def _run(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
-        if kern.engine == "tape":
-            from ..compile.tape import run_tape
-            pro, body = kern.tapes
-            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg)
-            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg)
-            return
-        mod = kern.module()
-        mod.prologue(p, float(t), h)
-        pre = "s" if _one_thread() else ""
-        for name, kind in zip(kern.chunks, kern.chunk_kinds):
-            fn = getattr(mod, pre + name)
-            if kind == "cell":
-                fn(u, forcing, h, cix, out, lanes)
-            else:
-                fn(u, forcing, h, out)
+    def _run(self, kern: Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
+        kern.run(u, p, t, forcing, out, h, cix, lanes, one_thread())
 
     def _warm(self, out_size: int) -> None:
         """Compile (or load from Numba's cache) the float64 kernels now, so a
@@ -297,9 +179,6 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     """Whole-build cache: (key → pickled product) for hashable sources."""
     key = None
     if opts["cache"]:
-        from .. import __version__
-        import numba
-        from ..compile.cache import code_version
         key = _source_key(source, model, f"{code_version()}|{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
                                          f"{__version__}|{numba.__version__}")
     path = cache_dir() / f"b{key[:40]}.pkl" if key else None
@@ -320,8 +199,30 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
 
 # ------------------------------------------------------------------ RHS
 
+def _frozen(value):
+    """A field value of a build product made immutable (arrays read-only,
+    mappings frozen); other values are immutable already."""
+    if isinstance(value, np.ndarray):
+        return readonly(value)
+    if isinstance(value, (dict, FrozenMap)):
+        return frozen_arrays(value)
+    return value
+
+
+class _Product:
+    """Frozen build products: every field frozen at construction and again
+    after unpickling (pickle does not keep ``writeable=False``)."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _frozen(getattr(self, f.name)))
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({k: _frozen(v) for k, v in state.items()})
+
+
 @dataclass(frozen=True, eq=False)
-class RhsProgram(_Base):
+class RhsProgram(_Product, _Base):
     """The model's compiled right-hand side on the lane layout."""
 
     doc: EvalDoc
@@ -333,10 +234,11 @@ class RhsProgram(_Base):
     u0: Any
     p0: Any
     forcing0: Any
-    kernel: _Kernel
+    kernel: Kernel
     layout_fingerprint: str
     element_type: str | None = None
     build_seconds: float = 0.0
+    default_cix: Any = None    # the identity lane map at ``cells`` lanes (kernels only read it)
 
     @classmethod
     def build(cls, source: Any, model: str | None = None, *, options: dict | None = None) -> "RhsProgram":
@@ -349,17 +251,17 @@ class RhsProgram(_Base):
             lay = model_layout(view)
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0)
-            kern = _compile(doc, opts)
+            kern = compile_doc(doc, opts)
             _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
-            u0, p0, f0 = _defaults(view, lay)
-            return cls(doc, lay, doc.kind, tuple(element_names(view, list(lay.states))),
+            u0, p0, f0 = default_vectors(view, lay)
+            cix = lane_cells(lay.cell_shape, _cells(lay)) if doc.kind == "cell" else np.zeros(1, np.int64)
+            return cls(doc, lay, doc.kind, tuple(element_names(view, lay.states)),
                        lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
-                       view.element_type)
+                       view.element_type, 0.0, cix)
 
         prog = _build_doc_cached("rhs", source, model, None, opts, make)
         prog._warm(prog.u_size(1))
-        object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
-        return prog
+        return dataclasses.replace(prog, build_seconds=time.perf_counter() - t0)
 
     @property
     def dtype(self) -> np.dtype:
@@ -367,20 +269,15 @@ class RhsProgram(_Base):
         return np.dtype(np.float32) if (self.element_type or "").lower() in ("float32", "f32") \
             else np.dtype(np.float64)
 
-    @cached_property
-    def _default_cix(self) -> np.ndarray:
-        """The identity lane map at ``cells`` lanes (computed once; kernels only read it)."""
-        cix = lane_cells(self.layout.cell_shape, self.cells) if self.kind == "cell" else np.zeros(1, np.int64)
-        return cix
-
-    def new_buffers(self, lanes: int | None = None):
+    def new_buffers(self, lanes: int | None = None) -> "RhsScratch":
+        """Scratch for one thread's calls at ``lanes`` lanes (default: cells)."""
         lanes = lanes or (self.cells if self.kind == "cell" else 1)
-        cix = self._default_cix if lanes == (self.cells if self.kind == "cell" else 1) else \
+        cix = self.default_cix if lanes == (self.cells if self.kind == "cell" else 1) else \
             lane_cells(self.layout.cell_shape, lanes)
-        return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix)
+        return RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix)
 
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
-                  scratch: "_RhsScratch | None" = None) -> np.ndarray:
+                  scratch: "RhsScratch | None" = None) -> np.ndarray:
         """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype."""
         lanes = scratch.lanes if scratch is not None else (self.cells if self.kind == "cell" else 1)
         _check_vec("u", u, self.u_size(lanes))
@@ -390,7 +287,7 @@ class RhsProgram(_Base):
         sc = scratch or self.new_buffers(lanes)
         if self.kind == "global":
             out[:] = 0
-        with _Serial(u.shape[0]):
+        with serial_below(u.shape[0]):
             self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
         return out
 
@@ -401,10 +298,16 @@ class RhsProgram(_Base):
 
 
 @dataclass
-class _RhsScratch:
+class RhsScratch:
+    """Per-thread scratch of one RhsProgram: hoisted values and the lane map."""
+
     lanes: int
     h: np.ndarray
     cix: np.ndarray
+
+
+def _cells(lay: ModelLayout) -> int:
+    return int(np.prod(lay.cell_shape)) if lay.cell_shape else 1
 
 
 def _layout_fp(lay: ModelLayout, kind: str) -> str:
@@ -416,10 +319,6 @@ def _layout_fp(lay: ModelLayout, kind: str) -> str:
 def _backend(opts: dict) -> None:
     b = opts.get("backend")
     if b == "numba":
-        try:
-            import numba  # noqa: F401
-        except ImportError as exc:
-            raise JacError("bad_option", "backend='numba' needs numba installed") from exc
         return
     if b == "numpy":
         raise JacError("bad_option",
@@ -432,7 +331,12 @@ def _backend(opts: dict) -> None:
 
 @dataclass
 class JacWorkspace:
-    """Per-thread scratch of one JacobianProgram (never share between threads)."""
+    """Per-thread scratch of one JacobianProgram (never share between threads).
+
+    Everything a call writes lives here: the band slab per dtype, hoisted
+    values, the lane→cell map, the point of the last ``eval_into`` (read by
+    ``contract``), the second-order slab and the fused kernel of the plan
+    last evaluated without a slab."""
 
     owner: str
     lanes: int
@@ -442,7 +346,9 @@ class JacWorkspace:
     slabs: dict = field(default_factory=dict)
     last_dtype: Any = None
     last_plan: Any = None
-    second: dict = field(default_factory=dict)
+    point: Any = None              # (u, p, t, forcing) of the last eval_into
+    second_slab: Any = None        # contract's second-order band values
+    fused: Any = None              # (plan key, Kernel) of the last fused eval_into
 
     def slab(self, dtype, size: int) -> np.ndarray:
         s = self.slabs.get(dtype)
@@ -456,8 +362,13 @@ class JacWorkspace:
         self.cix = lane_cells(cell_shape, self.lanes, order)
 
 
+#: Fused kernels by (program fingerprint, plan key): generated on first use
+#: in this process, shared by every workspace (immutable, content-hashed).
+_FUSED: dict = {}
+
+
 @dataclass(frozen=True, eq=False)
-class JacobianProgram(_Base):
+class JacobianProgram(_Product, _Base):
     """Compiled Jacobian of one model w.r.t. ``wrt`` (see module docstring)."""
 
     doc: EvalDoc
@@ -468,12 +379,12 @@ class JacobianProgram(_Base):
     structure: str
     row_names: tuple
     col_vars: tuple            # column variables, declaration order
-    col_base: dict             # column variable → first global column
+    col_base: FrozenMap        # column variable → first global column
     n_cols: int
-    kernel: _Kernel
+    kernel: Kernel
     fingerprint: str
     layout_fingerprint: str
-    meta: dict                 # read-only index arrays (see _field_meta)
+    meta: FrozenMap            # read-only index arrays (see layouts.plans.field_meta)
     u0: Any = None
     p0: Any = None
     forcing0: Any = None
@@ -495,20 +406,19 @@ class JacobianProgram(_Base):
             rdoc = rhs_doc(view, lay)
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
-            kern = _compile(doc, opts)
+            kern = compile_doc(doc, opts)
             _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
             cvars, cbase, ncols = _colspace(lay, wrt)
-            meta = _field_meta(doc, lay, cvars, cbase)
-            u0, p0, f0 = _defaults(view, lay)
+            meta = field_meta(doc, lay, cvars, cbase)
+            u0, p0, f0 = default_vectors(view, lay)
             fp = hashlib.sha256((kern.key + doc.to_json()).encode()).hexdigest()
-            return cls(doc, lay, doc.kind, wrt, bs.entries, bs.structure,
-                       tuple(element_names(view, list(lay.states))), cvars, cbase, ncols, kern, fp,
+            return cls(doc, lay, doc.kind, wrt, tuple(bs.entries), bs.structure,
+                       tuple(element_names(view, lay.states)), cvars, cbase, ncols, kern, fp,
                        _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
         prog._warm(prog.slab_size(1))
-        object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
-        return prog
+        return dataclasses.replace(prog, build_seconds=time.perf_counter() - t0)
 
     # -- sizes -------------------------------------------------------------------
     @property
@@ -540,9 +450,12 @@ class JacobianProgram(_Base):
         return JacWorkspace(self.fingerprint, lanes, cix, np.zeros(max(self.kernel.n_hoist, 1)),
                             keep_slab=bool(keep_slab))
 
-    def plan(self, layout, source: "RhsProgram | None" = None):
-        from ..layouts.plans import build_plan
-        return build_plan(self, layout, source)
+    def plan(self, layout, source: "RhsProgram | None" = None) -> ScatterPlan:
+        """The checked scatter plan of this program for ``layout``; with
+        ``source``, first check that the RhsProgram is the same model."""
+        if source is not None:
+            _check_source(self, source)
+        return build_plan(self, layout)
 
     # -- evaluation --------------------------------------------------------------
     def _check_ws(self, ws) -> None:
@@ -552,7 +465,6 @@ class JacobianProgram(_Base):
             raise JacError("bad_argument", "this workspace belongs to another JacobianProgram")
 
     def _check_plan(self, plan) -> None:
-        from ..layouts.plans import ScatterPlan
         if not isinstance(plan, ScatterPlan):
             raise JacError("bad_argument", f"expected a ScatterPlan, got {type(plan).__name__}")
         if plan.fingerprint != self.fingerprint:
@@ -561,7 +473,6 @@ class JacobianProgram(_Base):
     def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   ws: JacWorkspace) -> np.ndarray:
         """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing)."""
-        from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         L = ws.lanes
@@ -572,45 +483,38 @@ class JacobianProgram(_Base):
             raise JacError("bad_argument", "`out` is read-only")
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
-        with _Serial(u.shape[0]):
+        with serial_below(u.shape[0]):
             if not ws.keep_slab and plan.kind == "lane" and self.kernel.engine == "codegen":
-                self._run_fused(plan, u, pv, t, f, out, ws, L)
+                self._fused_kernel(plan, ws).run_fused(u, pv, t, f, out, ws.h, ws.cix, L, one_thread())
                 ws.last_dtype = None
             else:
                 B = ws.slab(u.dtype, self.slab_size(L))
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
-                plan.scatter(B, L, out)
+                _scatter(plan, B, L, out)
                 ws.last_dtype = u.dtype
             bad = K.count_nonfinite(out)
         ws.last_plan = plan.fingerprint
-        ws.second.pop("state", None)
-        ws.second["point"] = (u, pv, float(t), f)
+        ws.point = (u, pv, float(t), f)
         if bad:
             _report_nonfinite(out, (u, pv, f), "Jacobian")
         return out
 
-    def _fused_kernel(self, plan) -> _Kernel:
-        """The plan-specific fused kernel (generated on first use, cached on
-        the plan and on disk by content hash)."""
-        k = plan._cache.get("fused_kernel")
+    def _fused_kernel(self, plan: ScatterPlan, ws: JacWorkspace) -> Kernel:
+        """The plan-specific fused kernel: generated once per process and
+        plan (content-hashed on disk), remembered by the workspace."""
+        if ws.fused is not None and ws.fused[0] == plan.key:
+            return ws.fused[1]
+        memo = (self.fingerprint, plan.key)
+        k = _FUSED.get(memo)
         if k is None:
             a = plan.arrays
             dest = list(zip(a["fa"].tolist(), a["fb"].tolist(), a["fs"].tolist()))
             zeros = list(zip(a["za"].tolist(), a["zb"].tolist(), a["zs"].tolist()))
-            g = run_deep(generate, self.doc, max_stmts=PROGRAM_OPTIONS["max_stmts"],
-                         title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
-            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
-            plan._cache["fused_kernel"] = k
+            k = compile_doc(self.doc, {**ENGINE_OPTIONS, "engine": "codegen"},
+                            title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
+            _FUSED[memo] = k
+        ws.fused = (plan.key, k)
         return k
-
-    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> None:
-        kern = self._fused_kernel(plan)
-        mod = kern.module()
-        h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
-        mod.prologue(p, float(t), h)
-        pre = "sfl" if _one_thread() else "fl"
-        for name in kern.chunks:
-            getattr(mod, pre + name)(u, f, h, ws.cix, out, L)
 
     def _slab_of(self, ws: JacWorkspace):
         if ws.last_dtype is None:
@@ -622,7 +526,6 @@ class JacobianProgram(_Base):
 
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``y += J v`` from the band slab of the last ``eval_into``."""
-        from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         B = self._slab_of(ws)
@@ -630,7 +533,7 @@ class JacobianProgram(_Base):
         _check_vec("v", v, self.col_size(L))
         _check_vec("y", y, self.u_size(L))
         m = self.meta
-        with _Serial(y.shape[0]):
+        with serial_below(y.shape[0]):
             if self.kind == "cell":
                 K.lane_apply(B, L, m["r_ptr"], m["r_band"], m["r_ca"], m["r_cb"], m["r_cs"], m["r_tgt"], v, y)
             else:
@@ -640,7 +543,6 @@ class JacobianProgram(_Base):
     def apply_transpose(self, plan, ws: JacWorkspace, lam: np.ndarray, gbar: np.ndarray) -> np.ndarray:
         """``gbar += Jᵀ lam`` (float64 accumulation; a gather over the
         transposed plan: each column is owned by one iteration)."""
-        from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         B = self._slab_of(ws)
@@ -648,7 +550,7 @@ class JacobianProgram(_Base):
         _check_vec("lam", lam, self.u_size(L))
         _check_vec("gbar", gbar, self.col_size(L), np.float64)
         m = self.meta
-        with _Serial(lam.shape[0]):
+        with serial_below(lam.shape[0]):
             if self.kind == "cell":
                 K.lane_apply(B, L, m["c_ptr"], m["c_band"], m["c_ca"], m["c_cb"], m["c_cs"], m["c_tgt"],
                              lam, gbar)
@@ -668,12 +570,48 @@ class JacobianProgram(_Base):
     def contract(self, plan, ws2: JacWorkspace, lam: np.ndarray, v: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out = Σᵢ λᵢ ∂²fᵢ/∂u∂u · v`` at the point of the last ``eval_into``
         on ``ws2`` (second-order bands, built on first use)."""
-        from .second import contract
-        return contract(self, plan, ws2, lam, v, out)
+        self._check_plan(plan)
+        self._check_ws(ws2)
+        if self.wrt != "states":
+            raise JacError("bad_option", "contract is the state Hessian contraction (wrt='states')")
+        if ws2.point is None:
+            raise JacError("bad_argument", "call eval_into on this workspace first (contract uses its point)")
+        n = self.u_size(ws2.lanes)
+        _check_vec("lam", lam, n)
+        _check_vec("v", v, n)
+        _check_vec("out", out, n, np.float64)
+        return contract_at(self, ws2, lam, v, out)
+
+
+def _scatter(plan: ScatterPlan, B: np.ndarray, L: int, out: np.ndarray) -> None:
+    """``out`` = the plan's gather of the band slab ``B`` at ``L`` lanes."""
+    a = plan.arrays
+    if plan.kind == "lane":
+        K.lane_gather(B, L, a["ptr"], a["src"], a["a"], a["b"], a["stride"], out)
+    else:
+        if plan.info.get("zero_first"):
+            out[:] = 0
+        K.point_gather(B, a["ptr"], a["src"], a["pos"], out)
+
+
+def _check_source(prog: JacobianProgram, source) -> None:
+    """Refuse an RhsProgram of another model as a plan's ``source``."""
+    if not isinstance(source, RhsProgram):
+        raise JacError("bad_argument", f"source must be an RhsProgram, got {type(source).__name__}")
+    names = set(source.layout.states) | set(source.param_names) | set(source.forcing_names) | {"t"}
+    for v in prog.col_vars:
+        if v not in names:
+            raise JacError("unresolvable_column", f"column variable `{v}` does not resolve in the RhsProgram")
+    for en in prog.bands:
+        if en.row not in names:
+            raise JacError("unresolvable_column", f"row variable `{en.row}` does not resolve in the RhsProgram")
+    if source.layout_fingerprint != prog.layout_fingerprint:
+        raise JacError("foreign_layout",
+                       "the RhsProgram was built from a different model or layout (its fingerprint "
+                       "differs from this JacobianProgram's)")
 
 
 def _report_nonfinite(out, inputs, what: str) -> None:
-    from . import kernels as K
     if any(x.size and K.count_nonfinite(np.ascontiguousarray(x)) for x in inputs):
         return                   # non-finite in, non-finite out: the caller's business
     i = K.first_nonfinite(out)
@@ -695,9 +633,4 @@ def _colspace(lay: ModelLayout, wrt: str) -> tuple:
     for v in cvars:
         base[v] = off
         off += lay.size(v) if v != "t" else 1
-    return tuple(cvars), base, off
-
-
-def _field_meta(doc: EvalDoc, lay: ModelLayout, cvars: tuple, cbase: dict) -> dict:
-    from ..layouts.plans import field_meta
-    return field_meta(doc, lay, cvars, cbase)
+    return tuple(cvars), FrozenMap(base), off

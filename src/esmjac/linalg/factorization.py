@@ -1,26 +1,47 @@
-"""Symbolic per-cell block LU: greedy Markowitz ordering and fill-in.
+"""Symbolic per-cell block LU: THE block-LU variable order and its fill-in.
 
 For a ``block_diagonal`` Jacobian every cell carries the same ``n×n``
 pattern; the plan fixes the elimination order and the no-pivoting LU
 pattern (fill-in included) once, so an integrator can allocate and run a
 straight-line LU (KPP style) with no symbolic work at run time. The
 diagonal is always in the pattern (``W = I − γJ`` needs it).
+
+The one order (:func:`block_order`; every consumer asks it): the block's
+variables are sorted by name, then eliminated greedily by Markowitz cost
+on that sorted pattern, ties to the lowest sorted position. The emitted
+``factorization`` block (reference goldens), ``LaneBlocks(order=
+"markowitz")``, ``LaneSparseBlocks``, :class:`~esmjac.linalg.sparse_lu.SparseLaneLU`
+and the Rosenbrock integrator all use it. ``BlockLUPlan.ordering`` indexes
+the *sorted* variables (the golden JSON's convention); a state vector is in
+declaration order, so consumers take :meth:`BlockLUPlan.positions` of the
+declared names — elimination position ``k`` holds declared variable
+``positions(declared)[k]`` — never ``ordering`` directly.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
-__all__ = ["BlockLUPlan", "block_lu_plan", "markowitz_ordering", "lu_fill"]
+__all__ = ["BlockLUPlan", "block_order", "block_lu_plan", "markowitz_ordering", "lu_fill"]
 
 
 @dataclass(frozen=True)
 class BlockLUPlan:
-    """``block_vars`` in elimination order; patterns as sorted 0-based pairs."""
+    """``block_vars`` in elimination order; patterns as sorted 0-based pairs
+    in elimination coordinates (the same whatever order the variables were
+    declared in)."""
 
     block_vars: tuple
     ordering: tuple        # 0-based permutation of the sorted variables
     pattern: tuple         # ((r, c), …) in permuted order
     lu_pattern: tuple      # pattern plus fill-in
+
+    def positions(self, declared: Iterable[str]) -> tuple:
+        """Elimination order as indices into ``declared`` (e.g. the model's
+        states in declaration order: the ``perm`` of the Rosenbrock
+        integrator and the ``ordering`` of a LaneSparseBlocks plan)."""
+        where = {v: i for i, v in enumerate(declared)}
+        return tuple(where[v] for v in self.block_vars)
 
     def to_json(self) -> dict:
         return {
@@ -75,17 +96,24 @@ def markowitz_ordering(P: list) -> list:
     return order
 
 
-def block_lu_plan(entries) -> BlockLUPlan:
-    """The plan for a block-diagonal band list (variables sorted by name)."""
-    names = sorted({e.row for e in entries} | {e.col for e in entries})
+def block_order(variables: Iterable[str], pairs: Iterable[tuple]) -> BlockLUPlan:
+    """The block-LU plan of the ``variables`` (any order) whose block holds
+    the ``(row name, column name)`` pairs (see the module docstring)."""
+    names = sorted(set(variables))
     slot = {v: i for i, v in enumerate(names)}
     n = len(names)
     P = [[i == j for j in range(n)] for i in range(n)]
-    for e in entries:
-        P[slot[e.row]][slot[e.col]] = True
+    for r, c in pairs:
+        P[slot[r]][slot[c]] = True
     order = markowitz_ordering(P)
     Pp = [[P[order[i]][order[j]] for j in range(n)] for i in range(n)]
     L = lu_fill(Pp)
     pairs = tuple((i, j) for i in range(n) for j in range(n) if Pp[i][j])
     lu = tuple((i, j) for i in range(n) for j in range(n) if L[i][j])
     return BlockLUPlan(tuple(names[i] for i in order), tuple(order), pairs, lu)
+
+
+def block_lu_plan(entries) -> BlockLUPlan:
+    """The plan for a block-diagonal band list (the emitted ``factorization``)."""
+    names = {e.row for e in entries} | {e.col for e in entries}
+    return block_order(names, [(e.row, e.col) for e in entries])

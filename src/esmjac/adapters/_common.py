@@ -1,0 +1,101 @@
+"""What the solver adapters share: building the programs, reading the
+user's ``y0``/``p``/``forcing``, the CSR pattern, and call counters.
+
+Element keys (``"Chem.O3[3]"``, ``"O3"``) are parsed by
+:mod:`esmjac.model.layout`, the same parser the oracle uses; thread counts
+are :mod:`esmjac.runtime.threads`'.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from ..errors import JacError
+from ..layouts.types import Csr
+from ..runtime.programs import JacobianProgram, RhsProgram
+
+__all__ = ["build_programs", "fill_vector", "inputs", "csr_pattern", "bandwidths", "Counters"]
+
+
+def build_programs(source, model, build_options) -> tuple:
+    """(RhsProgram, JacobianProgram wrt states, Csr plan) of ``source``."""
+    r = RhsProgram.build(source, model, options=build_options)
+    j = JacobianProgram.build(source, model, "states", options=build_options)
+    return r, j, j.plan(Csr(), source=r)
+
+
+def fill_vector(base: np.ndarray | None, layout, names: tuple, value, n: int, what: str) -> np.ndarray:
+    """A new flat float64 vector of length ``n``: ``value`` as an array, or
+    a dict overriding ``base`` (element keys set one element; variable keys
+    take a scalar or an array of the variable's shape)."""
+    if value is None:
+        if base is None:
+            raise JacError("bad_argument",
+                           f"the document gives no usable default for the {what}; pass it")
+        return np.array(base, dtype=np.float64, copy=True)
+    if isinstance(value, dict):
+        if base is None:
+            raise JacError("bad_argument", f"the document gives no usable default for the {what}; "
+                           "pass a full vector instead of a dict")
+        out = np.array(base, dtype=np.float64, copy=True)
+        for key, val in value.items():
+            pos = layout.positions(names, str(key), what)
+            arr = np.asarray(val, dtype=np.float64)
+            if arr.size not in (1, len(pos)):
+                raise JacError("bad_argument", f"`{key}` takes 1 or {len(pos)} values, got {arr.size}")
+            out[pos] = np.ravel(arr) if arr.size == len(pos) else float(arr.reshape(-1)[0])
+        return out
+    arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64).reshape(-1))
+    if arr.shape[0] != n:
+        raise JacError("bad_argument", f"the {what} must have {n} entries, got {arr.shape[0]}")
+    return arr.copy()
+
+
+def inputs(r: RhsProgram, y0, p, forcing) -> tuple:
+    """(y0, p, forcing) flat float64 vectors (forcing None when the model has none)."""
+    lay = r.layout
+    lanes = r.cells if r.kind == "cell" else 1
+    y = fill_vector(r.u0, lay, lay.states, y0, r.u_size(lanes), "initial state")
+    pv = fill_vector(r.p0, lay, lay.params, p, len(lay.params), "parameter vector")
+    nf = r.f_size(lanes)
+    if nf == 0:
+        if forcing is not None and not (isinstance(forcing, dict) and not forcing):
+            raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
+        return y, pv, None
+    return y, pv, fill_vector(r.forcing0, lay, lay.forcing, forcing, nf, "forcing")
+
+
+def csr_pattern(plan) -> tuple:
+    """(rows, cols, n) of the Csr plan's entries in CSR data order."""
+    indptr = np.asarray(plan.indptr)
+    cols = np.asarray(plan.indices, dtype=np.int64)
+    n = int(plan.info["shape"][0])
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    return rows, cols, n
+
+
+def bandwidths(rows, cols) -> tuple:
+    """(lower, upper) bandwidth of a pattern."""
+    d = rows - cols
+    return int(max(0, d.max(initial=0))), int(max(0, (-d).max(initial=0)))
+
+
+@dataclass
+class Counters:
+    """esmjac-side call counts of one problem (mutable, owned by it)."""
+
+    nfev: int = 0              # right-hand side evaluations
+    njev: int = 0              # Jacobian evaluations (matrix)
+    njtsetup: int = 0          # Jacobian evaluations for J·v (Krylov setup)
+    njtimes: int = 0           # J·v products
+    npsetup: int = 0           # preconditioner setups
+    npeval: int = 0            # Jacobian evaluations by the preconditioner
+    npsolve: int = 0           # preconditioner solves
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def reset(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, 0)
