@@ -27,11 +27,13 @@ sundials-sys:
 	fi
 
 $(STAMP_TEST): pyproject.toml | $(VPY) sundials-sys
-	$(VPY) -m pip install -q -e '.[test,sundials]'
+	$(VPY) -m pip install -q -e '.[test,sundials,dask]'
 	touch $@
 
+# One BLAS thread: SciPy's dense peer is 3-4x slower with OpenBLAS threads
+# fighting numba's on a small machine (README, performance notes).
 demo: $(STAMP_BASE)
-	$(VPY) -m esmjac demo
+	OPENBLAS_NUM_THREADS=1 $(VPY) -m esmjac demo
 
 # Layer contracts first (pyproject [tool.importlinter]), then the tests.
 test: $(STAMP_TEST)

@@ -50,3 +50,25 @@ def with_observed_chain(doc: dict) -> dict:
     body = m["equations"][1]["rhs"]["expr"]
     body["args"].append({"op": "*", "args": [{"op": "index", "args": ["R", "i"]}, "Q"]})
     return d
+
+
+def chapman(cells: int = 3) -> dict:
+    """The Chapman cycle with O(¹D), stratospheric levels, molecules cm⁻³:
+    O₂ at 5·10¹⁷ beside O(¹D) at 0.1 -- the badly scaled case a finite
+    difference check must not false-alarm on (rates: JPL-style magnitudes)."""
+    from esmjac.models.mechanism import mechanism_doc
+    species = {"O2": 5.0e17, "O": 1.0e7, "O3": 3.0e12, "O1D": 0.1}
+    params = {"M": 6.3e17, "j_O2": 1.0e-11, "j_O3": 4.0e-4, "j_O3_O1D": 3.0e-3,
+              "k_O_O2": 6.0e-34, "k_O_O3": 8.0e-15, "k_O1D_M": 3.0e-11, "k_O1D_O3": 1.2e-10}
+    reactions = [
+        {"id": "R1", "reactants": ["O2"], "products": {"O": 2}, "rate": "j_O2"},
+        {"id": "R2", "reactants": ["O", "O2", "M"], "products": {"O3": 1}, "rate": "k_O_O2"},
+        {"id": "R3", "reactants": ["O3"], "products": {"O": 1, "O2": 1}, "rate": "j_O3"},
+        {"id": "R4", "reactants": ["O", "O3"], "products": {"O2": 2}, "rate": "k_O_O3"},
+        {"id": "R5", "reactants": ["O3"], "products": {"O1D": 1, "O2": 1}, "rate": "j_O3_O1D"},
+        {"id": "R6", "reactants": ["O1D", "M"], "products": {"O": 1}, "rate": "k_O1D_M"},
+        {"id": "R7", "reactants": ["O1D", "O3"], "products": {"O2": 2}, "rate": "k_O1D_O3"},
+    ]
+    return mechanism_doc("Chapman", species, params, reactions, cells,
+                         description="Chapman cycle with O(1D), molecules cm^-3",
+                         units={s: "molec/cm^3" for s in species})

@@ -229,9 +229,28 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
                       dense_pos, band_pos)
     pattern = csc_matrix((np.ones(rows.size), forms.csc_indices.copy(), forms.csc_indptr.copy()),
                          shape=(n, n))
-    return IvpProblem(r, j, plan, readonly(yv), tuple(r.names), readonly(pv),
+    prob = IvpProblem(r, j, plan, readonly(yv), tuple(r.names), readonly(pv),
                       None if fv is None else readonly(fv), method, bool(banded), lband, uband,
                       pattern, nthreads, Counters(), forms, r.new_buffers(), j.new_workspace())
+    _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)
+    prob.reset_counters()
+    return prob
+
+
+def _warm_calls(fun, jac, y0) -> None:
+    """Call ``fun`` (and ``jac``) once at ``y0`` with the thread count the
+    solve will use, so that every kernel and dispatch path a solve takes --
+    serial or parallel twins, scatter plans, the non-finite scan -- is
+    compiled (or loaded from Numba's cache) during the build and the first
+    timed call is a warm one. A point the model cannot be evaluated at is
+    the solve's business, not the build's."""
+    try:
+        fun(0.0, y0)
+        if jac is not None:
+            jac(0.0, y0)
+    except JacError as exc:
+        if exc.code != "evaluation_error":
+            raise
 
 
 # ---------------------------------------------------------------------------

@@ -146,11 +146,14 @@ def load_view(source: Any, model: str | None = None) -> SystemView:
     if model is not None:
         if model in models:
             return _model_view(f, model)
-        if coupled:
-            flat = _flatten(f)
-            return _flat_view(flat)
+        systems = dict(getattr(f, "reaction_systems", None) or {})
+        if coupled and model in systems:
+            # A coupled document is differentiated as one flattened system;
+            # naming one of its reaction systems selects that document.
+            return _flat_view(_flatten(f))
+        known = sorted(models) + sorted(systems)
         raise JacError("model_not_found",
-                       f"model `{model}` is not in the document (it has: {', '.join(sorted(models)) or 'none'})")
+                       f"model `{model}` is not in the document (it has: {', '.join(known) or 'none'})")
     if coupled:
         return _flat_view(_flatten(f))
     if len(models) == 1:

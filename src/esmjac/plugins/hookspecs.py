@@ -76,7 +76,7 @@ def esmjac_adapter() -> Adapter:
 
 def module_available(module: str) -> bool:
     """Whether ``module`` can be imported, without importing it (for
-    ``esmjac_adapter_info``: solver packages are imported only when used)."""
+    ``esmjac_adapter``: solver packages are imported only when used)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):

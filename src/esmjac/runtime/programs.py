@@ -159,7 +159,10 @@ class _Base:
         out = np.zeros(max(out_size, 1))
         h = np.zeros(max(self.kernel.n_hoist, 1))
         cix = lane_cells(self.layout.cell_shape, L) if self.kind == "cell" else np.zeros(1, np.int64)
-        self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
+        # Warm the twin (serial or parallel) that calls at the program's own
+        # size will run: compiling the other one is wasted build time.
+        with serial_below(self.u_size(self.cells) if self.kind == "cell" else self.layout.n_state_elements):
+            self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
     def _forcing(self, forcing, lanes: int, dtype) -> np.ndarray:
         n = self.f_size(lanes)
