@@ -91,8 +91,8 @@ def test_meta_arrays_and_defaults_are_read_only():
         j.col_base["extra"] = 3                   # type: ignore[index]
     plan = j.plan(Csr())
     with pytest.raises(TypeError):
-        plan.info["size"] = 0                     # would change out_size
-    assert plan.out_size(1) == plan.info["size"]
+        plan.info["slots_per_lane"] = 0           # would change out_size
+    assert plan.out_size(j.cells) == plan.info["nnz"] == plan.info["slots_per_lane"] * j.cells
 
 
 def test_eval_into_leaves_the_plan_untouched():

@@ -8,6 +8,7 @@ are :mod:`esmjac.runtime.threads`'.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from ..errors import JacError
 from ..layouts.types import Csr
 from ..runtime.programs import JacobianProgram, RhsProgram
 
-__all__ = ["build_programs", "fill_vector", "inputs", "csr_pattern", "bandwidths", "Counters"]
+__all__ = ["build_programs", "fill_vector", "inputs", "csr_pattern", "bandwidths", "Counters", "Problem"]
 
 
 def build_programs(source, model, build_options) -> tuple:
@@ -79,6 +80,25 @@ def bandwidths(rows, cols) -> tuple:
     """(lower, upper) bandwidth of a pattern."""
     d = rows - cols
     return int(max(0, d.max(initial=0))), int(max(0, (-d).max(initial=0)))
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """What every solver problem holds: the compiled programs, the Csr plan
+    and the fixed inputs (read-only vectors in ``evaluate_rhs`` order)."""
+
+    rhs: RhsProgram
+    jacobian: JacobianProgram  # wrt="states"
+    plan: Any                  # Csr ScatterPlan
+    y0: np.ndarray
+    names: tuple               # element names of y
+    p: np.ndarray
+    forcing: np.ndarray | None
+
+    @property
+    def n(self) -> int:
+        """Number of unknowns."""
+        return int(self.y0.shape[0])
 
 
 @dataclass

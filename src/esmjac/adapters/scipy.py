@@ -29,7 +29,7 @@ from ..errors import JacError
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 from ..runtime.programs import JacWorkspace, RhsScratch
 from ..runtime.threads import SERIAL_BELOW, thread_count, with_threads
-from ._common import Counters, bandwidths, build_programs, csr_pattern, inputs
+from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 
@@ -66,7 +66,7 @@ class _JacForms:
 # ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
-class IvpProblem:
+class IvpProblem(Problem):
     """What ``scipy.integrate.solve_ivp`` needs, from compiled esmjac programs.
 
     ``fun(t, y)`` and ``jac(t, y)`` evaluate at the fixed parameter vector
@@ -74,13 +74,6 @@ class IvpProblem:
     buffers: do not share it between threads (build one per thread).
     """
 
-    rhs: Any                   # RhsProgram
-    jacobian: Any              # JacobianProgram (wrt="states")
-    plan: Any                  # Csr ScatterPlan
-    y0: np.ndarray
-    names: tuple
-    p: np.ndarray
-    forcing: np.ndarray | None
     method: str
     banded: bool
     lband: int | None
@@ -102,10 +95,6 @@ class IvpProblem:
     def njev(self) -> int:
         """Calls of ``jac`` since creation / :meth:`reset_counters`."""
         return self.counters.njev
-
-    @property
-    def n(self) -> int:
-        return int(self.y0.shape[0])
 
     def reset_counters(self) -> None:
         self.counters.reset()

@@ -47,7 +47,8 @@ from ..errors import JacError
 from ..layouts.types import ColumnBanded, LaneBlocks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl
 from ..runtime.threads import thread_count, with_threads
-from ._common import bandwidths, build_programs, csr_pattern, inputs
+from ..runtime.programs import JacWorkspace, RhsScratch
+from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
 
 __all__ = ["cvode", "ida", "SundialsProblem"]
 
@@ -201,7 +202,7 @@ class _BandedPC:
 # ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
-class SundialsProblem:
+class SundialsProblem(Problem):
     """A ready scikits.odes CVODE/IDA solver and the esmjac callables it uses.
 
     ``solver`` is the ``scikits.odes.ode``/``dae`` object (its ``solve``,
@@ -213,13 +214,6 @@ class SundialsProblem:
 
     kind: str                  # "cvode" | "ida"
     solver: Any
-    rhs: Any                   # RhsProgram
-    jacobian: Any              # JacobianProgram (wrt="states")
-    plan: Any                  # Csr ScatterPlan
-    y0: np.ndarray
-    names: tuple
-    p: np.ndarray
-    forcing: np.ndarray | None
     linsolver: str
     precond: str | None
     options: dict              # what the scikits.odes solver was given
@@ -230,11 +224,7 @@ class SundialsProblem:
     jac_times_vecfn: Any = None
     prec_setupfn: Any = None
     prec_solvefn: Any = None
-    _st: dict = field(default_factory=dict, repr=False)
-
-    @property
-    def n(self) -> int:
-        return int(self.y0.shape[0])
+    _state: "_State" = field(default=None, repr=False)
 
     @property
     def yp0(self) -> np.ndarray:
@@ -245,17 +235,17 @@ class SundialsProblem:
         """``f(t, y)`` as a new array (not counted)."""
         out = np.empty(self.n)
         self._run(self.rhs.eval_into, np.ascontiguousarray(y, dtype=np.float64), self.p, float(t),
-                  self.forcing, out, self._st["scratch_user"])
+                  self.forcing, out, self._state.scratch_user)
         return out
 
     def _run(self, fn, *args):
-        return with_threads(self._st["threads"], fn, *args)
+        return with_threads(self._state.threads, fn, *args)
 
     def _eval_user(self, t, y) -> np.ndarray:
-        st = self._st
+        st = self._state
         self._run(self.jacobian.eval_into, self.plan, np.ascontiguousarray(y, dtype=np.float64), self.p,
-                  float(t), self.forcing, st["user_buf"], st["ws_user"])
-        return st["user_buf"]
+                  float(t), self.forcing, st.user_buf, st.ws_user)
+        return st.user_buf
 
     def jac_csr(self, t, y):
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array``."""
@@ -266,18 +256,16 @@ class SundialsProblem:
 
     def jv(self, t, y, v) -> np.ndarray:
         """``J v`` at (t, y)."""
-        self._eval_user(t, y)
-        out = np.zeros(self.n)
-        self._run(self.jacobian.apply, self.plan, self._st["ws_user"],
-                  np.ascontiguousarray(v, dtype=np.float64), out)
-        return out
+        return self._product(self.jacobian.apply, t, y, v)
 
     def jtv(self, t, y, lam) -> np.ndarray:
         """``Jᵀ λ`` at (t, y) (for adjoint sensitivities)."""
+        return self._product(self.jacobian.apply_transpose, t, y, lam)
+
+    def _product(self, op, t, y, x) -> np.ndarray:
         self._eval_user(t, y)
         out = np.zeros(self.n)
-        self._run(self.jacobian.apply_transpose, self.plan, self._st["ws_user"],
-                  np.ascontiguousarray(lam, dtype=np.float64), out)
+        self._run(op, self.plan, self._state.ws_user, np.ascontiguousarray(x, dtype=np.float64), out)
         return out
 
     # -- running ---------------------------------------------------------------------
@@ -288,35 +276,33 @@ class SundialsProblem:
         re-raised here."""
         tout = np.asarray(tout, dtype=np.float64)
         y = np.array(self.y0 if y0 is None else y0, dtype=np.float64)
-        self._st["error"] = None
+        self._state.error = None
         # One thread-count switch for the whole run (callbacks then find it set).
         if self.kind == "ida":
             yp = self.f(tout[0], y) if yp0 is None else np.array(yp0, dtype=np.float64)
             res = self._run(self.solver.solve, tout, y, yp)
         else:
             res = self._run(self.solver.solve, tout, y)
-        err = self._st.get("error")
+        err = self._state.error
         if err is not None:
-            self._st["error"] = None
+            self._state.error = None
             raise err
         return res
 
     def counters(self) -> dict:
         """esmjac-side call counts since creation / :meth:`reset_counters`."""
-        keys = ("nfev", "njev", "njtsetup", "njtimes", "npsetup", "npeval", "npsolve")
-        return {k: self._st[k] for k in keys}
+        return self._state.counters.as_dict()
 
     def reset_counters(self) -> None:
-        for k in ("nfev", "njev", "njtsetup", "njtimes", "npsetup", "npeval", "npsolve"):
-            self._st[k] = 0
+        self._state.counters.reset()
 
     @property
     def nfev(self) -> int:
-        return self._st["nfev"]
+        return self._state.counters.nfev
 
     @property
     def njev(self) -> int:
-        return self._st["njev"]
+        return self._state.counters.njev
 
     def stats(self) -> dict:
         """The esmjac counters plus SUNDIALS' own statistics where scikits.odes
@@ -331,17 +317,43 @@ class SundialsProblem:
         return out
 
 
-def _guard(st: dict, fn):
+@dataclass(eq=False)
+class _State:
+    """A problem's own mutable state: counters, the first callback error,
+    and the scratch each callback family writes (one thread)."""
+
+    counters: Counters
+    threads: int | None
+    scratch: RhsScratch            # rhsfn / resfn
+    scratch_user: RhsScratch       # f(), yp0
+    ws_dense: JacWorkspace         # jacfn
+    ws_jv: JacWorkspace            # jac_times_setupfn / jac_times_vecfn
+    ws_user: JacWorkspace          # jac_csr(), jv(), jtv()
+    dense_buf: np.ndarray
+    jv_buf: np.ndarray
+    user_buf: np.ndarray
+    jv_ready: bool = False
+    error: BaseException | None = None
+    pc: Any = None                 # the preconditioner, when one is used
+
+    @classmethod
+    def new(cls, r, j, plan, threads) -> "_State":
+        ws = [j.new_workspace() for _ in range(3)]
+        bufs = [np.empty(plan.out_size(w.lanes)) for w in ws]
+        return cls(Counters(), threads, r.new_buffers(), r.new_buffers(), *ws, *bufs)
+
+
+def _guard(st: _State, fn):
     """Keep a callback's exception (scikits.odes would swallow it) and
     report an unrecoverable failure (-1) to SUNDIALS instead."""
-    nthreads = st["threads"]
+    nthreads = st.threads
 
     def call(*args):
         try:
             rc = with_threads(nthreads, fn, *args)
         except Exception as exc:        # noqa: BLE001 - re-raised by solve()
-            if st.get("error") is None:
-                st["error"] = exc
+            if st.error is None:
+                st.error = exc
             return -1
         return 0 if rc is None else rc
     call.__name__ = getattr(fn, "__name__", "callback")
@@ -382,48 +394,40 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     r, j, plan = build_programs(source, model, build_options)
     yv, pv, fv = inputs(r, y0, p, forcing)
     rows, cols, n = csr_pattern(plan)
-    st: dict = {"error": None, "scratch": r.new_buffers(), "scratch_user": r.new_buffers(),
-                "ws_dense": j.new_workspace(), "ws_jv": j.new_workspace(), "ws_user": j.new_workspace()}
-    st["dense_buf"] = np.empty(plan.out_size(st["ws_dense"].lanes))
-    st["jv_buf"] = np.empty(plan.out_size(st["ws_jv"].lanes))
-    st["user_buf"] = np.empty(plan.out_size(st["ws_user"].lanes))
-    st["jv_ready"] = False
-    st["threads"] = thread_count(threads)
-    for k in ("nfev", "njev", "njtsetup", "njtimes", "npsetup", "npeval", "npsolve"):
-        st[k] = 0
+    st = _State.new(r, j, plan, thread_count(threads))
     sign = -1.0 if kind == "ida" else 1.0
     diag = np.arange(n)
 
     def eval_dense(t, y):
-        st["njev"] += 1
-        j.eval_into(plan, np.ascontiguousarray(y), pv, float(t), fv, st["dense_buf"], st["ws_dense"])
-        return st["dense_buf"]
+        st.counters.njev += 1
+        j.eval_into(plan, np.ascontiguousarray(y), pv, float(t), fv, st.dense_buf, st.ws_dense)
+        return st.dense_buf
 
     def eval_jv(t, y):
-        st["njtsetup"] += 1
-        j.eval_into(plan, np.ascontiguousarray(y), pv, float(t), fv, st["jv_buf"], st["ws_jv"])
-        st["jv_ready"] = True
+        st.counters.njtsetup += 1
+        j.eval_into(plan, np.ascontiguousarray(y), pv, float(t), fv, st.jv_buf, st.ws_jv)
+        st.jv_ready = True
 
     def apply_jv(v, Jv):
-        st["njtimes"] += 1
+        st.counters.njtimes += 1
         Jv.fill(0.0)
-        j.apply(plan, st["ws_jv"], np.ascontiguousarray(v), Jv)
+        j.apply(plan, st.ws_jv, np.ascontiguousarray(v), Jv)
 
     opts = dict(options)
     opts.update(rtol=rtol, atol=atol, linsolver=linsolver, old_api=False)
     fns: dict = {}
     if kind == "cvode":
         def rhsfn(t, y, ydot):
-            st["nfev"] += 1
-            r.eval_into(y, pv, t, fv, ydot, st["scratch"])
+            st.counters.nfev += 1
+            r.eval_into(y, pv, t, fv, ydot, st.scratch)
             return 0
         fns["rhsfn"] = _guard(st, rhsfn)
     else:
         tmp = np.empty(n)
 
         def resfn(t, y, yp, result):
-            st["nfev"] += 1
-            r.eval_into(y, pv, t, fv, tmp, st["scratch"])
+            st.counters.nfev += 1
+            r.eval_into(y, pv, t, fv, tmp, st.scratch)
             np.subtract(yp, tmp, out=result)
             return 0
         fns["resfn"] = _guard(st, resfn)
@@ -455,11 +459,11 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         # J·v from the Jacobian the preconditioner setup last evaluated (lagged
         # like a direct solver's), on the preconditioner's own workspace.
         def jac_times_vecfn(v, Jv, t, y):
-            pc = st["pc"]
+            pc = st.pc
             if not pc.ready:
-                st["npeval"] += 1
+                st.counters.npeval += 1
                 pc.evaluate(float(t), np.ascontiguousarray(y), pv, fv)
-            st["njtimes"] += 1
+            st.counters.njtimes += 1
             Jv.fill(0.0)
             j.apply(pc.plan, pc.ws, np.ascontiguousarray(v), Jv)
             return 0
@@ -471,7 +475,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                 return 0
 
             def jac_times_vecfn(v, Jv, t, y):
-                if not st["jv_ready"]:
+                if not st.jv_ready:
                     eval_jv(t, y)
                 apply_jv(v, Jv)
                 return 0
@@ -481,7 +485,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                 return 0
 
             def jac_times_vecfn(t, y, yp, rr, v, Jv, cj):
-                if not st["jv_ready"]:
+                if not st.jv_ready:
                     eval_jv(t, y)
                 apply_jv(v, Jv)
                 Jv *= sign                  # ∂F/∂y v = -J v
@@ -492,14 +496,14 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
 
     if precond is not None:
         pc = _BlockPC(r, j, plan) if precond == "block" else _BandedPC(r, j, axis)
-        st["pc"] = pc
+        st.pc = pc
 
         def prec_setupfn(t, y, jok, jcurPtr, gamma):
-            st["npsetup"] += 1
+            st.counters.npsetup += 1
             if jok and pc.ready:
                 jcurPtr.value = False           # reuse the saved Jacobian, refactor with gamma
             else:
-                st["npeval"] += 1
+                st.counters.npeval += 1
                 pc.evaluate(float(t), np.ascontiguousarray(y), pv, fv)
                 jcurPtr.value = True
             try:
@@ -509,7 +513,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
             return 0
 
         def prec_solvefn(t, y, r_, z, gamma, delta, lr):
-            st["npsolve"] += 1
+            st.counters.npsolve += 1
             pc.solve(r_, z)
             return 0
         fns["prec_setupfn"] = _guard(st, prec_setupfn)
@@ -526,7 +530,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     except ValueError as exc:
         raise JacError("bad_option", f"scikits.odes refused the {kind} options: {exc}") from exc
     shown = {k: v for k, v in opts.items() if not callable(v)}
-    return SundialsProblem(kind, solver, r, j, plan, yv, tuple(r.names), pv, fv, linsolver, precond,
+    return SundialsProblem(r, j, plan, yv, tuple(r.names), pv, fv, kind, solver, linsolver, precond,
                            shown, fns.get("rhsfn"), fns.get("resfn"), fns.get("jacfn"),
                            fns.get("jac_times_setupfn"), fns.get("jac_times_vecfn"),
                            fns.get("prec_setupfn"), fns.get("prec_solvefn"), st)
