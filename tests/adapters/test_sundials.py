@@ -162,7 +162,7 @@ def test_band_linsolver_and_refusal():
 
 @needs_odes
 def test_cvode_jacfn_and_jv(y0):
-    prob = sundials.cvode(TROPO, forcing={"fj": FJ}, y0=y0)
+    prob = sundials.cvode(TROPO, linsolver="dense", forcing={"fj": FJ}, y0=y0)
     t, y = 100.0, y0 * 1.1
     J = np.full((prob.n, prob.n), 7.0)                   # stale values must be overwritten
     assert prob.jacfn(t, y, prob.f(t, y), J) == 0
@@ -265,7 +265,7 @@ def test_callback_errors_are_reraised(y0):
     prob = sundials.cvode(TROPO, forcing={"fj": FJ}, y0=y0, max_steps=20000)
     out = np.empty(3)
     assert prob.rhsfn(0.0, np.ones(3), out) == -1       # wrong length: refused inside
-    assert isinstance(prob._st["error"], JacError)
+    assert isinstance(prob._state.error, JacError)
     with pytest.raises(JacError) as exc:
         prob.solve(TOUT, y0=np.ones(5))
     assert exc.value.code == "bad_argument"
@@ -288,3 +288,54 @@ def test_adapter_unavailable_without_scikits_odes(factory, monkeypatch):
         getattr(sundials, factory)(TROPO)
     assert exc.value.code == "adapter_unavailable"
     assert "esmjac[sundials]" in exc.value.message and "scipy.ivp" in exc.value.message
+
+
+# ------------------------------------------------------------------ defaults
+
+@needs_odes
+def test_auto_linsolver_on_block_diagonal_chemistry(y0):
+    prob = sundials.cvode(TROPO, forcing={"fj": FJ}, y0=y0, rtol=1e-6, atol=1e3)
+    assert (prob.linsolver, prob.precond) == ("spgmr", "block")
+    assert "block-diagonal" in prob.note and "spgmr" in prob.note
+    res = prob.solve(np.linspace(0.0, 3600.0, 3))
+    assert res.flag == 0
+    ref = sundials.cvode(TROPO, linsolver="dense", forcing={"fj": FJ}, y0=y0, rtol=1e-9, atol=1.0,
+                         max_steps=100000)
+    yr = ref.solve(np.linspace(0.0, 3600.0, 3)).values.y[-1]
+    assert np.max(np.abs(res.values.y[-1] - yr) / np.maximum(np.abs(yr), 1e3)) < 1e-3
+    st = prob.stats()
+    assert st["NumSteps"] > 0 and st["npsetup"] > 0 and st["njev"] == 0
+
+
+@needs_odes
+def test_auto_linsolver_elsewhere_is_dense_and_says_why():
+    prob = sundials.cvode(diffusion_model(12))
+    assert prob.linsolver == "dense" and "not block-diagonal" in prob.note
+    q = sundials.ida(TROPO)
+    assert q.linsolver == "dense" and "preconditioner" in q.note
+
+
+@needs_odes
+def test_unavailable_linsolvers_are_refused_with_what_there_is():
+    have = sundials.available_linsolvers("cvode")
+    assert "dense" in have and "spgmr" in have
+    for ls in ("lapackdense", "lapackband"):
+        if ls in have:
+            continue
+        with pytest.raises(JacError) as e:
+            sundials.cvode(TROPO, linsolver=ls)
+        assert e.value.code == "adapter_unavailable"
+        assert ", ".join(have) in e.value.message
+    if "spbcg" not in sundials.available_linsolvers("ida"):
+        with pytest.raises(JacError) as e:
+            sundials.ida(TROPO, linsolver="spbcg")
+        assert e.value.code == "adapter_unavailable"
+
+
+@needs_odes
+def test_ida_reports_statistics(y0):
+    prob = sundials.ida(TROPO, forcing={"fj": FJ}, y0=y0, rtol=1e-6, atol=1e3)
+    assert prob.solve(np.linspace(0.0, 600.0, 3)).flag == 0
+    st = prob.stats()
+    assert st["NumResEvals"] == prob.nfev > 0 and st["NumJacEvals"] > 0
+    assert st.get("NumSteps", 1) is not None        # absent (not exposed), never None

@@ -54,6 +54,35 @@ __all__ = ["cvode", "ida", "SundialsProblem"]
 
 _KRYLOV = {"cvode": ("spgmr", "spbcgs", "sptfqmr"), "ida": ("spgmr", "spbcg", "sptfqmr")}
 _DIRECT = ("dense", "lapackdense", "band", "lapackband")
+_AVAILABLE: dict = {}
+
+
+def available_linsolvers(kind: str) -> tuple:
+    """The linear solvers this scikits.odes build can run for ``kind``
+    (``"cvode"``/``"ida"``), found once per process by starting a 2-unknown
+    problem with each (milliseconds): builds without LAPACK lack
+    ``lapackdense``/``lapackband``, and scikits.odes 2.7's IDA knows neither
+    those nor ``spbcg``."""
+    if kind in _AVAILABLE:
+        return _AVAILABLE[kind]
+    ode, dae = _odes()
+    ok = []
+    for ls in _DIRECT + _KRYLOV[kind]:
+        kw: dict = dict(linsolver=ls, old_api=False)
+        if "band" in ls:
+            kw.update(lband=0, uband=0)
+        try:
+            if kind == "cvode":
+                s = ode("cvode", lambda t, y, yd: yd.fill(0.0), **kw)
+                s.init_step(0.0, np.ones(2))
+            else:
+                s = dae("ida", lambda t, y, yp, r: np.copyto(r, yp), **kw)
+                s.init_step(0.0, np.ones(2), np.zeros(2))
+        except Exception:           # noqa: BLE001 - "LAPACK not available", "Unknown solver type"
+            continue
+        ok.append(ls)
+    _AVAILABLE[kind] = tuple(ok)
+    return _AVAILABLE[kind]
 _UNAVAILABLE = ("scikits.odes is not installed (or cannot be imported); pip install "
                 "'esmjac[sundials]' (needs libsundials-dev), or use kind 'scipy.ivp' "
                 "(esmjac.adapters.scipy.ivp) instead")
@@ -225,6 +254,7 @@ class SundialsProblem(Problem):
     prec_setupfn: Any = None
     prec_solvefn: Any = None
     _state: "_State" = field(default=None, repr=False)
+    note: str = ""             # why this linear solver (linsolver="auto" says what it chose)
 
     @property
     def yp0(self) -> np.ndarray:
@@ -305,15 +335,27 @@ class SundialsProblem(Problem):
         return self._state.counters.njev
 
     def stats(self) -> dict:
-        """The esmjac counters plus SUNDIALS' own statistics where scikits.odes
-        exposes them (CVODE: ``NumSteps``, ``NumRhsEvals``, ``NumLinIters``...)."""
+        """The esmjac counters plus SUNDIALS' own statistics.
+
+        CVODE: ``NumSteps``, ``NumRhsEvals``, ``NumLinSolvSetups``... from
+        scikits.odes' ``get_info``. IDA: scikits.odes 2.7 has no ``get_info``
+        for IDA, so what esmjac counts itself is reported under SUNDIALS'
+        names -- ``NumResEvals``, ``NumJacEvals``, ``NumJtimesEvals`` -- and
+        ``NumSteps`` is left out rather than reported as ``None``."""
         out = self.counters()
+        out["linsolver"] = self.linsolver
+        out["precond"] = self.precond
         get = getattr(self.solver, "get_info", None)
         if get is not None:
             try:
                 out.update(get())
             except Exception:       # pragma: no cover - solver not yet initialised
                 pass
+        elif self.kind == "ida":
+            c = self._state.counters
+            out["NumResEvals"] = c.nfev
+            out["NumJacEvals"] = c.njev + c.njtsetup
+            out["NumJtimesEvals"] = c.njtimes
         return out
 
 
@@ -366,12 +408,17 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     ode, dae = _odes()
 
     krylov = _KRYLOV[kind]
-    if linsolver not in _DIRECT + krylov:
-        raise JacError("bad_option", f"unknown {kind} linsolver {linsolver!r}; use one of "
+    if linsolver != "auto" and linsolver not in _DIRECT + krylov:
+        raise JacError("bad_option", f"unknown {kind} linsolver {linsolver!r}; use 'auto' or one of "
                        f"{', '.join(_DIRECT + krylov)}")
+    if linsolver != "auto" and linsolver not in available_linsolvers(kind):
+        raise JacError("adapter_unavailable",
+                       f"this scikits.odes build cannot run {kind} linsolver {linsolver!r} "
+                       f"({'built without LAPACK' if 'lapack' in linsolver else 'not implemented there'}); "
+                       f"it has: {', '.join(available_linsolvers(kind))}")
     if precond not in (None, "block", "banded"):
         raise JacError("bad_option", f"unknown precond {precond!r}; use 'block', 'banded' or None")
-    if precond is not None and linsolver not in krylov:
+    if precond is not None and linsolver not in krylov and linsolver != "auto":
         raise JacError("bad_option", f"precond={precond!r} needs a Krylov linsolver "
                        f"({', '.join(krylov)}), not {linsolver!r}")
     if precond is not None and kind == "ida":
@@ -381,10 +428,10 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                        f"precond={precond!r}) or ida(..., linsolver='spgmr') / 'dense'")
     if jtimes not in ("newton", "setup"):
         raise JacError("bad_option", f"jtimes must be 'newton' or 'setup', not {jtimes!r}")
-    if jtimes == "setup" and (kind != "cvode" or precond is None or not jacobian):
+    if jtimes == "setup" and linsolver != "auto" and (kind != "cvode" or precond is None or not jacobian):
         raise JacError("bad_option", "jtimes='setup' reuses the preconditioner's Jacobian: it needs "
                        "cvode(..., linsolver='spgmr', precond='block' or 'banded')")
-    if axis is not None and precond != "banded":
+    if axis is not None and precond != "banded" and linsolver != "auto":
         raise JacError("bad_option", "axis= chooses the ColumnBanded grid axis of precond='banded'")
     for k in ("rfn", "Rfn", "jacfn", "jac_times_vecfn", "jac_times_setupfn", "prec_setupfn",
               "prec_solvefn", "linsolver", "old_api"):
@@ -394,6 +441,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     r, j, plan = build_programs(source, model, build_options)
     yv, pv, fv = inputs(r, y0, p, forcing)
     rows, cols, n = csr_pattern(plan)
+    linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
     st = _State.new(r, j, plan, thread_count(threads))
     sign = -1.0 if kind == "ida" else 1.0
     diag = np.arange(n)
@@ -530,18 +578,78 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     except ValueError as exc:
         raise JacError("bad_option", f"scikits.odes refused the {kind} options: {exc}") from exc
     shown = {k: v for k, v in opts.items() if not callable(v)}
-    return SundialsProblem(r, j, plan, yv, tuple(r.names), pv, fv, kind, solver, linsolver, precond,
+    prob = SundialsProblem(r, j, plan, yv, tuple(r.names), pv, fv, kind, solver, linsolver, precond,
                            shown, fns.get("rhsfn"), fns.get("resfn"), fns.get("jacfn"),
                            fns.get("jac_times_setupfn"), fns.get("jac_times_vecfn"),
-                           fns.get("prec_setupfn"), fns.get("prec_solvefn"), st)
+                           fns.get("prec_setupfn"), fns.get("prec_solvefn"), st, note)
+    _warm(prob, fns)
+    return prob
 
 
-def cvode(source, *, model=None, linsolver="dense", precond=None, jacobian=True, rtol=1e-6,
+def _choose(kind, linsolver, precond, jtimes, j, n, jacobian) -> tuple:
+    """``linsolver="auto"``: (linsolver, precond, jtimes, the reason in words).
+
+    Measured on the gridded tropo12 mechanism (README, performance notes):
+    CVODE with the dense direct solver factors an n×n matrix (n = species ×
+    cells) where Krylov + the per-cell block preconditioner factors only
+    the cells' small blocks, and reusing the preconditioner's Jacobian for
+    J·v (``jtimes="setup"``) evaluates J only when CVODE asks for a new
+    one. IDA cannot take a preconditioner in scikits.odes 2.7 and
+    unpreconditioned GMRES stalls on stiff chemistry, so IDA stays dense."""
+    if linsolver != "auto":
+        return linsolver, precond, jtimes, f"linsolver={linsolver!r} as requested"
+    if precond is not None:
+        raise JacError("bad_option", "precond= goes with an explicit Krylov linsolver "
+                       "(linsolver='spgmr'); linsolver='auto' chooses the preconditioner itself")
+    block = j.structure == "block_diagonal"
+    if kind == "cvode" and block and jacobian:
+        return ("spgmr", "block", "setup",
+                "auto: the Jacobian is block-diagonal (one block per cell), so CVODE runs "
+                "spgmr with the per-cell block preconditioner and J·v from its Jacobian "
+                "(jtimes='setup')")
+    if kind == "cvode":
+        return ("dense", None, jtimes,
+                f"auto: the Jacobian is {j.structure}, not block-diagonal: CVODE's dense direct "
+                "solver (for large banded grids try linsolver='spgmr', precond='banded')")
+    return ("dense", None, jtimes,
+            "auto: IDA's dense direct solver (scikits.odes 2.7 cannot run an IDA "
+            "preconditioner" + ("; for block-diagonal chemistry cvode() is much faster)"
+                                if block else ")"))
+
+
+def _warm(prob: "SundialsProblem", fns: dict) -> None:
+    """Compile every kernel the solver's callbacks reach (RHS, Jacobian
+    scatter, J·v, preconditioner blocks) before the first timed call, at
+    the thread count the solve runs with; counters are reset afterwards."""
+    y = prob.y0
+    try:
+        prob.f(0.0, y)
+        if prob.linsolver in _KRYLOV[prob.kind] or prob.jacfn is not None:
+            prob.jv(0.0, y, np.zeros_like(y))
+        pc = prob._state.pc
+        if pc is not None:
+            prob._run(pc.evaluate, 0.0, y, prob.p, prob.forcing)
+            pc.factor(0.0)
+            prob._run(pc.solve, y, np.empty_like(y))
+            pc.J = pc.Minv = pc.AB = None
+            pc.lu = []
+    except JacError as exc:
+        if exc.code != "evaluation_error":
+            raise
+    except np.linalg.LinAlgError:
+        pass
+    prob.reset_counters()
+
+
+def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
           atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
           jtimes="newton", threads="auto", build_options=None, **options) -> SundialsProblem:
     """A CVODE (BDF, Newton) solver for ``source`` with esmjac's exact Jacobian.
 
-    ``linsolver``: ``"dense"`` (analytic ``jacfn``), ``"spgmr"``/``"spbcgs"``/
+    ``linsolver``: ``"auto"`` (default: ``"spgmr"`` + ``precond="block"`` +
+    ``jtimes="setup"`` when the Jacobian is block-diagonal -- per-cell
+    chemistry -- else ``"dense"``; ``problem.note`` says which and why),
+    ``"dense"`` (analytic ``jacfn``), ``"spgmr"``/``"spbcgs"``/
     ``"sptfqmr"`` (analytic J·v), ``"band"`` (difference-quotient band
     Jacobian, bandwidths from the pattern). ``precond``: ``"block"``,
     ``"banded"`` or ``None`` (Krylov only; ``axis`` = ColumnBanded axis).
@@ -561,7 +669,7 @@ def cvode(source, *, model=None, linsolver="dense", precond=None, jacobian=True,
                   build_options=build_options, options=options)
 
 
-def ida(source, *, model=None, linsolver="dense", precond=None, jacobian=True, rtol=1e-6,
+def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
         atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
         threads="auto", build_options=None, **options) -> SundialsProblem:
     """An IDA solver for the residual ``F(t, y, ẏ) = ẏ − f(t, y)`` of ``source``.
@@ -569,7 +677,7 @@ def ida(source, *, model=None, linsolver="dense", precond=None, jacobian=True, r
     ``jacfn`` (dense) fills ``cj I − ∂f/∂y``; Krylov solvers
     (``"spgmr"``/``"spbcg"``/``"sptfqmr"``) get the exact ``(cj I − J) v``.
     ``precond`` is refused (scikits.odes 2.7 cannot call an IDA
-    preconditioner). ``solve(tout)`` starts from ``y0`` and ``ẏ0 = f(t0, y0)``.
+    preconditioner); ``linsolver="auto"`` (default) is therefore ``"dense"``. ``solve(tout)`` starts from ``y0`` and ``ẏ0 = f(t0, y0)``.
     Other arguments as in :func:`cvode`.
     """
     return _build("ida", source, model=model, linsolver=linsolver, precond=precond,

@@ -12,8 +12,12 @@ generated ``KppDecomp``/``KppSolve``, except that every op is applied to a
 contiguous run of lanes.
 
 Storage ("LaneSparseBlocks"): slot ``q`` (the index of ``(r, c)`` in the
-pattern) of lane ``l`` is ``A[q*L + l]``; right-hand sides are ``b[i*L + l]``.
-Lanes are fastest, so each op is a unit-stride loop the compiler vectorises.
+pattern) of lane ``l`` is ``A[((l // W) * nnz + q) * W + l % W]`` for lane
+tiles of ``W`` (DESIGN §4); one tile of all ``L`` lanes (``W = L``, the
+default) is ``A[q*L + l]``. Right-hand sides are never tiled: ``b[i*L + l]``.
+Within a tile lanes are fastest, so each op is a unit-stride loop the
+compiler vectorises; work items are blocks of ``CHUNK`` lanes that never
+cross a tile.
 
 Why no pivoting: the matrices this serves are Rosenbrock iteration matrices
 ``I/(hγ) − J`` of chemical kinetics, which are strongly diagonally weighted
@@ -39,7 +43,7 @@ import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads"]
+__all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads", "factor_lanes", "solve_lanes", "tiled_size"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
 #: that the partition — and hence every lane's arithmetic — never changes.
@@ -72,83 +76,146 @@ def single_chunk_threads(L: int) -> Iterator[None]:
 # cached machine code is independent of any particular pattern.
 # --------------------------------------------------------------------------
 
-@numba.njit(cache=True, parallel=True, error_model="numpy")
-def _factor_kernel(A, L, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr,
-                   upd_tgt, upd_src, bad_lane, bad_row):
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _factor_block(A, nnz, W, l0, m, piv_slot, mul_ptr, mul_slot, upd_ptr,
+                  upd_tgt, upd_src, bad):
+    """Factor lanes ``l0 .. l0+m-1`` (all inside one tile of ``W`` lanes) in place.
+
+    Slot ``q`` of lane ``l`` is at ``((l // W) * nnz + q) * W + l % W``; with
+    ``W`` = the lane count that is the untiled ``q*L + l``. ``bad[l0 + l]``
+    receives the first elimination row whose pivot is zero or NaN, else -1.
+    """
     n = piv_slot.shape[0]
-    nchunks = (L + chunk - 1) // chunk
-    for c in numba.prange(nchunks):
-        l0 = c * chunk
-        m = min(L, l0 + chunk) - l0
-        # Each op works on unit-stride views of this chunk's lanes, indexed
-        # from 0: that lets LLVM drop negative-index wraparound and vectorise.
-        for k in range(n):
-            po = piv_slot[k] * L + l0
-            ap = A[po:po + m]
-            for p in range(mul_ptr[k], mul_ptr[k + 1]):
-                mo = mul_slot[p] * L + l0
-                am = A[mo:mo + m]
-                # Multiplier l_ik = a_ik / u_kk: a true division, as KPP does.
-                for l in range(m):
-                    am[l] = am[l] / ap[l]
-                for u in range(upd_ptr[p], upd_ptr[p + 1]):
-                    to = upd_tgt[u] * L + l0
-                    so = upd_src[u] * L + l0
-                    at = A[to:to + m]
-                    as_ = A[so:so + m]
-                    for l in range(m):
-                        at[l] -= am[l] * as_[l]
-        # The pivot used at step k is the final u_kk (later steps only touch
-        # rows/columns > k), so checking after the sweep is equivalent and
-        # keeps the update loops branch-free. NaN counts as a bad pivot.
-        bl = -1
-        br = -1
-        for k in range(n):
-            po = piv_slot[k] * L + l0
-            ap = A[po:po + m]
+    base = (l0 // W) * nnz * W + l0 % W
+    # Each op works on unit-stride views of this block's lanes, indexed from
+    # 0: that lets LLVM drop negative-index wraparound and vectorise.
+    for k in range(n):
+        po = base + piv_slot[k] * W
+        ap = A[po:po + m]
+        for p in range(mul_ptr[k], mul_ptr[k + 1]):
+            mo = base + mul_slot[p] * W
+            am = A[mo:mo + m]
+            # Multiplier l_ik = a_ik / u_kk: a true division, as KPP does.
             for l in range(m):
-                v = ap[l]
-                if v == 0.0 or v != v:
-                    if bl < 0 or l0 + l < bl:
-                        bl = l0 + l
-                        br = k
-                    break
-        bad_lane[c] = bl
-        bad_row[c] = br
+                am[l] = am[l] / ap[l]
+            for u in range(upd_ptr[p], upd_ptr[p + 1]):
+                to = base + upd_tgt[u] * W
+                so = base + upd_src[u] * W
+                at = A[to:to + m]
+                as_ = A[so:so + m]
+                for l in range(m):
+                    at[l] -= am[l] * as_[l]
+    # The pivot used at step k is the final u_kk (later steps only touch
+    # rows/columns > k), so checking after the sweep is equivalent and keeps
+    # the update loops branch-free. NaN counts as a bad pivot.
+    bl = bad[l0:l0 + m]
+    for l in range(m):
+        bl[l] = -1
+    for k in range(n - 1, -1, -1):
+        ap = A[base + piv_slot[k] * W:base + piv_slot[k] * W + m]
+        for l in range(m):
+            v = ap[l]
+            if v == 0.0 or v != v:
+                bl[l] = k
 
 
-@numba.njit(cache=True, parallel=True, error_model="numpy")
-def _solve_kernel(A, b, L, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _solve_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                 bwd_ptr, bwd_slot, bwd_col):
+    """Solve ``LU x = b`` for lanes ``l0 .. l0+m-1`` (one tile); ``b[i*L + l]``."""
+    n = piv_slot.shape[0]
+    base = (l0 // W) * nnz * W + l0 % W
+    # Forward: L y = b with unit diagonal.
+    for i in range(n):
+        bi = b[i * L + l0:i * L + l0 + m]
+        for p in range(fwd_ptr[i], fwd_ptr[i + 1]):
+            so = base + fwd_slot[p] * W
+            jo = fwd_col[p] * L + l0
+            a = A[so:so + m]
+            bj = b[jo:jo + m]
+            for l in range(m):
+                bi[l] -= a[l] * bj[l]
+    # Backward: U x = y.
+    for i in range(n - 1, -1, -1):
+        bi = b[i * L + l0:i * L + l0 + m]
+        for p in range(bwd_ptr[i], bwd_ptr[i + 1]):
+            so = base + bwd_slot[p] * W
+            jo = bwd_col[p] * L + l0
+            a = A[so:so + m]
+            bj = b[jo:jo + m]
+            for l in range(m):
+                bi[l] -= a[l] * bj[l]
+        do = base + piv_slot[i] * W
+        d = A[do:do + m]
+        for l in range(m):
+            bi[l] = bi[l] / d[l]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _block_of(c, L, W, chunk):
+    """Work item ``c`` → (first lane, lane count): blocks of ``chunk`` lanes
+    that never cross a tile boundary (the count is 0 past the end)."""
+    nsub = (W + chunk - 1) // chunk
+    tile = c // nsub
+    s = c % nsub
+    l0 = tile * W + s * chunk
+    end = min(L, tile * W + W)
+    return l0, max(0, min(chunk, end - l0))
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _n_items(L, W, chunk):
+    return ((L + W - 1) // W) * ((W + chunk - 1) // chunk)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def factor_lanes(A, nnz, L, W, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src, bad):
+    """Serial factorisation of lanes ``0 .. L-1`` (for callers that own a
+    thread); ``A`` may be longer than ``nnz*L`` (a reused buffer)."""
+    for c in range(_n_items(L, W, chunk)):
+        l0, m = _block_of(c, L, W, chunk)
+        if m > 0:
+            _factor_block(A, nnz, W, l0, m, piv_slot, mul_ptr, mul_slot, upd_ptr,
+                          upd_tgt, upd_src, bad)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def solve_lanes(A, b, nnz, L, W, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col, bwd_ptr, bwd_slot, bwd_col):
+    """Serial triangular solves of lanes ``0 .. L-1``; ``b[i*L + l]``."""
+    for c in range(_n_items(L, W, chunk)):
+        l0, m = _block_of(c, L, W, chunk)
+        if m > 0:
+            _solve_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                         bwd_ptr, bwd_slot, bwd_col)
+
+
+@numba.njit(cache=True, parallel=True, nogil=True, error_model="numpy")
+def _factor_kernel(A, L, W, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr,
+                   upd_tgt, upd_src, bad):
+    nnz = A.shape[0] // (((L + W - 1) // W) * W)
+    for c in numba.prange(_n_items(L, W, chunk)):
+        l0, m = _block_of(c, L, W, chunk)
+        if m > 0:
+            _factor_block(A, nnz, W, l0, m, piv_slot, mul_ptr, mul_slot, upd_ptr,
+                          upd_tgt, upd_src, bad)
+
+
+@numba.njit(cache=True, parallel=True, nogil=True, error_model="numpy")
+def _solve_kernel(A, b, L, W, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col,
                   bwd_ptr, bwd_slot, bwd_col):
-    n = piv_slot.shape[0]
-    nchunks = (L + chunk - 1) // chunk
-    for c in numba.prange(nchunks):
-        l0 = c * chunk
-        m = min(L, l0 + chunk) - l0
-        # Forward: L y = b with unit diagonal.
-        for i in range(n):
-            bi = b[i * L + l0:i * L + l0 + m]
-            for p in range(fwd_ptr[i], fwd_ptr[i + 1]):
-                so = fwd_slot[p] * L + l0
-                jo = fwd_col[p] * L + l0
-                a = A[so:so + m]
-                bj = b[jo:jo + m]
-                for l in range(m):
-                    bi[l] -= a[l] * bj[l]
-        # Backward: U x = y.
-        for i in range(n - 1, -1, -1):
-            bi = b[i * L + l0:i * L + l0 + m]
-            for p in range(bwd_ptr[i], bwd_ptr[i + 1]):
-                so = bwd_slot[p] * L + l0
-                jo = bwd_col[p] * L + l0
-                a = A[so:so + m]
-                bj = b[jo:jo + m]
-                for l in range(m):
-                    bi[l] -= a[l] * bj[l]
-            do = piv_slot[i] * L + l0
-            d = A[do:do + m]
-            for l in range(m):
-                bi[l] = bi[l] / d[l]
+    nnz = A.shape[0] // (((L + W - 1) // W) * W)
+    for c in numba.prange(_n_items(L, W, chunk)):
+        l0, m = _block_of(c, L, W, chunk)
+        if m > 0:
+            _solve_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                         bwd_ptr, bwd_slot, bwd_col)
+
+
+def tiled_size(nslots: int, L: int, W: int | None) -> int:
+    """Elements of an ``nslots``-slot lane array of ``L`` lanes in tiles of ``W``
+    (the last tile padded to ``W`` lanes); ``W=None`` is one tile of ``L``."""
+    W = L if W is None else W
+    return ((L + W - 1) // W) * W * nslots
 
 
 # --------------------------------------------------------------------------
@@ -283,46 +350,71 @@ class SparseLaneLU:
             raise JacError("bad_argument", f"lane count L must be a positive int, got {L!r}")
         return int(L)
 
-    # -- numerics ----------------------------------------------------------
-    def factor_status(self, A: np.ndarray, L: int) -> tuple[int, int] | None:
-        """Factor in place; return ``(lane, row)`` of the first zero/NaN pivot
-        (lowest lane, then lowest row in that lane's chunk scan) or ``None``.
+    @staticmethod
+    def _tile(tile, L: int) -> int:
+        if tile is None:
+            return L
+        if not isinstance(tile, (int, np.integer)) or isinstance(tile, bool) or tile < 1:
+            raise JacError("bad_argument", f"tile must be None or a positive int, got {tile!r}")
+        return int(tile)
 
-        Lanes with a bad pivot hold garbage afterwards; the others are valid.
+    # -- numerics ----------------------------------------------------------
+    def factor_status(self, A: np.ndarray, L: int, tile: int | None = None) -> tuple[int, int] | None:
+        """Factor in place; return ``(lane, row)`` of the first zero/NaN pivot
+        (lowest lane, then that lane's first bad elimination row) or ``None``.
+
+        ``tile`` is the lane tile ``W`` of the storage (slot ``q`` of lane
+        ``l`` at ``((l // W) * nnz + q) * W + l % W``; ``None``: one tile of
+        ``L``, i.e. ``q*L + l``). Lanes with a bad pivot hold garbage
+        afterwards; the others are valid.
         """
         L = self._lanes(L)
-        self._check("A", A, self.nnz * L)
+        W = self._tile(tile, L)
+        self._check("A", A, tiled_size(self.nnz, L, W))
+        bad = np.empty(L, np.int64)
         with single_chunk_threads(L):
-            return self._factor_unchecked(A, L)
+            _factor_kernel(A, L, W, CHUNK, *self._factor_ops(), bad)
+        hit = np.flatnonzero(bad >= 0)
+        if hit.size == 0:
+            return None
+        return int(hit[0]), int(bad[hit[0]])
 
-    def factor(self, A: np.ndarray, L: int) -> None:
-        """Factor ``A`` (``nnz*L`` slots) in place; raise on a zero/NaN pivot."""
-        bad = self.factor_status(A, L)
+    def factor(self, A: np.ndarray, L: int, tile: int | None = None) -> None:
+        """Factor ``A`` in place; raise on a zero/NaN pivot (see :meth:`factor_status`)."""
+        bad = self.factor_status(A, L, tile)
         if bad is not None:
             lane, row = bad
             raise JacError("evaluation_error",
                            f"zero or NaN pivot in lane {lane} at elimination row {row}")
 
-    def solve(self, A: np.ndarray, b: np.ndarray, L: int) -> None:
-        """Solve ``LU x = b`` in place on ``b`` (``n*L``, ``b[i*L + l]``)."""
+    def solve(self, A: np.ndarray, b: np.ndarray, L: int, tile: int | None = None) -> None:
+        """Solve ``LU x = b`` in place on ``b`` (``n*L``, ``b[i*L + l]``, never
+        tiled); ``A`` as factored by :meth:`factor` with the same ``tile``."""
         L = self._lanes(L)
-        self._check("A", A, self.nnz * L)
+        W = self._tile(tile, L)
+        self._check("A", A, tiled_size(self.nnz, L, W))
         self._check("b", b, self.n * L, A.dtype)
         with single_chunk_threads(L):
-            self._solve_unchecked(A, b, L)
+            _solve_kernel(A, b, L, W, CHUNK, *self._solve_ops())
 
-    # Unchecked entry points for callers (the integrator) that validated once.
+    # Op lists in kernel argument order (for callers that validated once and
+    # run the serial ``factor_lanes``/``solve_lanes`` on their own thread).
+    def _factor_ops(self) -> tuple:
+        return (self.diag_slots, self._mul_ptr, self._mul_slot, self._upd_ptr,
+                self._upd_tgt, self._upd_src)
+
+    def _solve_ops(self) -> tuple:
+        return (self.diag_slots, self._fwd_ptr, self._fwd_slot, self._fwd_col,
+                self._bwd_ptr, self._bwd_slot, self._bwd_col)
+
+    # Unchecked entry points for the shared-step driver (untiled, parallel).
     def _factor_unchecked(self, A, L):
-        nch = (L + CHUNK - 1) // CHUNK
-        bad_lane = np.empty(nch, np.int64)
-        bad_row = np.empty(nch, np.int64)
-        _factor_kernel(A, L, CHUNK, self.diag_slots, self._mul_ptr, self._mul_slot,
-                       self._upd_ptr, self._upd_tgt, self._upd_src, bad_lane, bad_row)
-        hit = np.flatnonzero(bad_lane >= 0)
+        bad = np.empty(L, np.int64)
+        _factor_kernel(A, L, L, CHUNK, *self._factor_ops(), bad)
+        hit = np.flatnonzero(bad >= 0)
         if hit.size == 0:
             return None
-        return int(bad_lane[hit[0]]), int(bad_row[hit[0]])
+        return int(hit[0]), int(bad[hit[0]])
 
     def _solve_unchecked(self, A, b, L):
-        _solve_kernel(A, b, L, CHUNK, self.diag_slots, self._fwd_ptr, self._fwd_slot,
-                      self._fwd_col, self._bwd_ptr, self._bwd_slot, self._bwd_col)
+        _solve_kernel(A, b, L, L, CHUNK, *self._solve_ops())

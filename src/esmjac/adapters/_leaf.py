@@ -1,0 +1,651 @@
+"""The native Rosenbrock leaf: what an operator-split host model calls for its
+chemistry step (DESIGN §12).
+
+``leaf = rosenbrock(source)`` builds the right-hand side and the Jacobian
+(LaneSparseBlocks, Markowitz order, fill-in slots) of a per-cell mechanism
+once; ``leaf.advance(u, t0, dt, forcing=...)`` then integrates every lane of
+``u`` (species-major, lanes fastest: ``u[s*L + l]``, ``L = u.size //
+n_species``) over ``[t0, t0 + dt]``, in place or into ``out``, each lane with
+its own step size (:mod:`esmjac.integrators.lanestep`). One build serves any
+lane count; scratch is allocated once per lane count and reused, so a host
+model's time loop allocates nothing per call.
+
+Parallelism: lanes are split into contiguous blocks, one per worker thread,
+and each block is integrated independently (its own compaction, no barrier
+per kernel). The compiled programs run their one-thread twins inside each
+block. Because every lane's arithmetic is independent of its neighbours, the
+bits do not depend on ``threads``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import JacError
+from ..runtime.threads import numba_threads
+
+__all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
+           "AUTO_LANES_PER_THREAD"]
+
+#: Default absolute tolerance per species: this fraction of the species'
+#: scale (the largest magnitude of its default initial state over the
+#: document's cells; species whose default is 0 take 1e-6 of the largest
+#: species' scale). Units follow the model's (molecules cm⁻³, ppb, …).
+ATOL_FRACTION = 1e-6
+
+#: ``threads="auto"`` gives each worker thread at least this many lanes
+#: (below it a second thread costs more in start-up than it saves).
+AUTO_LANES_PER_THREAD = 1024
+
+
+@dataclass
+class LeafStats:
+    """Per-lane outcome of one :meth:`RosenbrockLeaf.advance` (arrays of
+    length ``L``, lane order). They are the leaf's own buffers, overwritten
+    by the next call with the same lane count: copy what you keep.
+
+    ``status``: 0 ok, > 0 failed (:data:`esmjac.integrators.lanestep.STATUS`);
+    ``nsteps``: step attempts (``naccept + nreject``); ``nfev``/``njev``:
+    right-hand side / Jacobian evaluations of that lane; ``h``: the step size
+    proposed for a continuation (pass it back as ``h0``); ``t``: the time the
+    lane's state belongs to (``t0 + dt`` unless it failed).
+    """
+
+    status: np.ndarray
+    nsteps: np.ndarray
+    naccept: np.ndarray
+    nreject: np.ndarray
+    nfev: np.ndarray
+    njev: np.ndarray
+    h: np.ndarray
+    t: np.ndarray
+
+    @property
+    def success(self) -> bool:
+        """True when every lane reached the end of the interval."""
+        return not bool(np.any(self.status != 0))
+
+    @property
+    def failed(self) -> np.ndarray:
+        """Lane indices that failed (their state is the last accepted one)."""
+        return np.flatnonzero(self.status != 0)
+
+    @property
+    def message(self) -> str:
+        from ..integrators.lanestep import STATUS
+        bad = self.failed
+        if bad.size == 0:
+            return f"all {self.status.size} lanes reached the end"
+        codes = {int(c): int((self.status == c).sum()) for c in np.unique(self.status[bad])}
+        parts = ", ".join(f"{k} lane(s): {STATUS.get(c, c)}" for c, k in codes.items())
+        return f"{bad.size} of {self.status.size} lanes failed ({parts}); first: lane {bad[0]} at t={self.t[bad[0]]:g}"
+
+    def totals(self) -> dict:
+        """Summed counters over all lanes (the total work)."""
+        return {k: int(getattr(self, k).sum()) for k in ("nsteps", "naccept", "nreject", "nfev", "njev")}
+
+    def _reset(self) -> None:
+        from ..integrators.lanestep import RUNNING
+        self.status[:] = RUNNING
+        for a in (self.nsteps, self.naccept, self.nreject, self.nfev, self.njev):
+            a[:] = 0
+
+
+@dataclass
+class LeafSolution:
+    """Result of :meth:`RosenbrockLeaf.solve`. ``y`` is the final flat state
+    (``y[s*L + l]``), ``t`` its time; ``t_eval``/``y_eval`` the requested
+    output times and the states there (shape ``(len(t_eval), n*L)``); the
+    scalar counters are summed over lanes; ``stats`` is per lane (summed over
+    the output intervals)."""
+
+    t: float
+    y: np.ndarray
+    t_eval: np.ndarray
+    y_eval: np.ndarray
+    stats: LeafStats
+    success: bool
+    message: str
+    nsteps: int
+    naccept: int
+    nreject: int
+    nfev: int
+    njev: int
+    ndec: int
+
+
+def _pos_int(name, v) -> int:
+    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+        raise JacError("bad_option", f"{name} must be a positive int, got {v!r}")
+    return int(v)
+
+
+def _thread_count(threads, lanes: int) -> int:
+    import numba
+    cap = int(numba.config.NUMBA_NUM_THREADS)
+    if threads is None:
+        return max(1, min(numba.get_num_threads(), cap))
+    if threads == "auto":
+        return max(1, min(cap, os.cpu_count() or 1, lanes // AUTO_LANES_PER_THREAD))
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise JacError("bad_option", f"threads must be 'auto', None or a positive int, not {threads!r}")
+    return min(int(threads), cap)
+
+
+def _one_thread_pool_init() -> None:
+    import numba
+    numba.set_num_threads(1)
+
+
+class _Bound:
+    """The programs bound to fixed parameters and time for one worker thread:
+    ``rhs(u, fz, cix, m, out)`` and ``jac(u, fz, cix, m, out)`` on the first
+    ``m`` compact lanes, one-thread kernels, parameter-only values hoisted
+    once here (not per call)."""
+
+    def __init__(self, leaf: "RosenbrockLeaf", p: np.ndarray, t: float, capacity: int):
+        rhs, jac, plan = leaf.rhs_program, leaf.jac_program, leaf.plan
+        rk = rhs.kernel
+        if rk.engine == "codegen":
+            mod = rk.module()
+            hr = np.zeros(max(rk.n_hoist, 1))
+            mod.prologue(p, float(t), hr)
+            fns = [(getattr(mod, "s" + name), kind == "cell") for name, kind in zip(rk.chunks, rk.chunk_kinds)]
+
+            def f(u, fz, cix, m, out):
+                for fn, cell in fns:
+                    if cell:
+                        fn(u, fz, hr, cix, out, m)
+                    else:
+                        fn(u, fz, hr, out)
+        else:
+            hr = np.zeros(max(rk.n_hoist, 1))
+
+            def f(u, fz, cix, m, out):
+                rhs._run(rk, u, p, t, fz, out, hr, cix, m)
+        self.rhs = f
+
+        if jac.kernel.engine == "codegen":
+            fk = jac._fused_kernel(plan)
+            mod = fk.module()
+            hj = np.zeros(max(fk.n_hoist, 1))
+            mod.prologue(p, float(t), hj)
+            jfns = [getattr(mod, "sfl" + name) for name in fk.chunks]
+
+            def j(u, fz, cix, m, out):
+                for fn in jfns:
+                    fn(u, fz, hj, cix, out, m)
+        else:
+            jk = jac.kernel
+            hj = np.zeros(max(jk.n_hoist, 1))
+            slab = np.zeros(max(jac.n_fields * capacity, 1))
+
+            def j(u, fz, cix, m, out):
+                jac._run(jk, u, p, t, fz, slab, hj, cix, m)
+                plan.scatter(slab, m, out)
+        self.jac = j
+
+
+class RosenbrockLeaf:
+    """A per-cell mechanism ready for operator-split chemistry steps.
+
+    Build with :func:`rosenbrock`; call :meth:`advance` inside the host
+    model's time loop, :meth:`solve` for a standalone integration with
+    output times. Immutable after construction except for its per-lane-count
+    scratch (so one leaf serves one host thread at a time; build one per
+    concurrent caller).
+    """
+
+    def __init__(self, rhs, jac, plan, p, forcing, *, method, rtol, atol, step, threads,
+                 compact, clip_negative, max_steps, max_rejects, h0):
+        from ..integrators.rosenbrock import METHODS, _perm_arrays
+        from ..linalg.sparse_lu import SparseLaneLU
+        self.rhs_program, self.jac_program, self.plan = rhs, jac, plan
+        self.n_species = rhs.n_species
+        self.species = tuple(rhs.layout.states)
+        self.forcing_names = tuple(rhs.forcing_names)
+        self.param_names = tuple(rhs.param_names)
+        if method not in METHODS:
+            raise JacError("bad_option", f"unknown method {method!r}; choose from {sorted(METHODS)}")
+        self.method = method
+        self._tab = METHODS[method]
+        if step not in ("lane", "shared"):
+            raise JacError("bad_option", f"step must be 'lane' (per-lane step size) or 'shared', not {step!r}")
+        self.step = step
+        info = plan.info
+        self._lu = SparseLaneLU(self.n_species, [tuple(x) for x in info["lu_pattern"]])
+        self._perm, self._iperm = _perm_arrays(tuple(info["ordering"]), self.n_species)
+        self.tile = info.get("tile")
+        self.p = self._params(p)
+        self.rtol = self._rtol(rtol)
+        self.atol = self._atol(atol)
+        self.forcing = forcing
+        _thread_count(threads, 1)                   # validate now
+        self.threads = threads
+        self.compact = bool(compact)
+        self.clip_negative = bool(clip_negative)
+        self.max_steps = _pos_int("max_steps", max_steps)
+        self.max_rejects = _pos_int("max_rejects", max_rejects)
+        self.h0 = None if h0 is None else self._h0(h0)
+        self._scratch: dict = {}
+        self._pool = None
+        self._lock = threading.Lock()
+
+    # -- argument handling (all in Python, before compiled code) ------------
+    def _params(self, p) -> np.ndarray:
+        names = self.param_names
+        base = np.array(self.rhs_program.p0, dtype=np.float64)
+        if p is None:
+            out = base
+        elif isinstance(p, Mapping):
+            out = base.copy()
+            for k, v in p.items():
+                if k in names:
+                    try:
+                        out[names.index(k)] = float(v)
+                    except (TypeError, ValueError):
+                        raise JacError("bad_argument", f"parameter {k!r} must be a number, got {v!r}") from None
+                elif k in self.forcing_names:
+                    raise JacError("unresolvable_column",
+                                   f"{k!r} is a per-cell field of this model: pass it in forcing= "
+                                   f"(one value per lane), not p=")
+                else:
+                    raise JacError("unresolvable_column",
+                                   f"unknown parameter {k!r}; parameters: {', '.join(names)}")
+        else:
+            try:
+                out = np.array(p, dtype=np.float64).reshape(-1)
+            except (TypeError, ValueError):
+                raise JacError("bad_argument", f"p must be a dict of names or {len(names)} numbers") from None
+            if out.shape != (len(names),):
+                raise JacError("bad_argument", f"p must have {len(names)} values ({', '.join(names)}), "
+                               f"got {out.size}")
+        if not np.all(np.isfinite(out)):
+            raise JacError("bad_argument", "p has non-finite values")
+        out = np.ascontiguousarray(out)
+        out.setflags(write=False)
+        return out
+
+    @staticmethod
+    def _rtol(rtol) -> float:
+        try:
+            r = float(rtol)
+        except (TypeError, ValueError):
+            raise JacError("bad_option", f"rtol must be a number, got {rtol!r}") from None
+        if not (r > 0.0 and math.isfinite(r)):
+            raise JacError("bad_option", f"rtol must be positive, got {rtol!r}")
+        return r
+
+    def _atol(self, atol) -> np.ndarray:
+        n = self.n_species
+        if atol is None:
+            u0 = np.abs(np.asarray(self.rhs_program.u0, dtype=np.float64)).reshape(n, -1)
+            scale = u0.max(axis=1) if u0.size else np.ones(n)
+            top = float(scale.max()) if scale.size else 1.0
+            top = top if top > 0 else 1.0
+            a = ATOL_FRACTION * np.maximum(scale, 1e-6 * top)
+        elif isinstance(atol, Mapping):
+            a = self._atol(None).copy()
+            for k, v in atol.items():
+                if k not in self.species:
+                    raise JacError("unresolvable_column", f"atol names unknown species {k!r}; "
+                                   f"species: {', '.join(self.species)}")
+                a[self.species.index(k)] = float(v)
+        else:
+            try:
+                a = np.array(atol, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise JacError("bad_option", f"atol must be a number, {n} numbers or a dict") from None
+            if a.ndim == 0:
+                a = np.full(n, float(a))
+        if a.shape != (n,) or not np.all(a > 0) or not np.all(np.isfinite(a)):
+            raise JacError("bad_option", f"atol must be positive: a scalar, {n} values (species order) "
+                           "or a dict species → value")
+        a = np.ascontiguousarray(a)
+        a.setflags(write=False)
+        return a
+
+    @staticmethod
+    def _h0(h0):
+        if isinstance(h0, np.ndarray):
+            if h0.ndim != 1 or not np.all(h0 > 0) or not np.all(np.isfinite(h0)):
+                raise JacError("bad_argument", "h0 must be positive (a number or one value per lane)")
+            return np.ascontiguousarray(h0, dtype=np.float64)
+        try:
+            v = float(h0)
+        except (TypeError, ValueError):
+            raise JacError("bad_argument", f"h0 must be a number or an array, got {h0!r}") from None
+        if not (v > 0 and math.isfinite(v)):
+            raise JacError("bad_argument", f"h0 must be positive, got {h0!r}")
+        return v
+
+    def lanes_of(self, u) -> int:
+        """The lane count of a state vector (``u.size // n_species``)."""
+        n = self.n_species
+        if u.size == 0 or u.size % n:
+            raise JacError("bad_argument", f"u has {u.size} values: not a multiple of the "
+                           f"{n} species (u[s*L + l], species-major, lanes fastest)")
+        return u.size // n
+
+    def _check_state(self, name, u, writeable: bool) -> None:
+        if not isinstance(u, np.ndarray):
+            raise JacError("bad_argument", f"{name} must be a NumPy array, got {type(u).__name__}")
+        if u.dtype != np.float64:
+            raise JacError("bad_argument", f"{name} must be float64, got {u.dtype}")
+        if u.ndim != 1 or not u.flags.c_contiguous:
+            raise JacError("bad_argument", f"{name} must be flat and C-contiguous (u[s*L + l])")
+        if writeable and not u.flags.writeable:
+            raise JacError("bad_argument", f"{name} is read-only (advance writes the new state)")
+
+    def _forcing_arg(self, forcing, L: int, buf: np.ndarray):
+        """(flat array or None, callable or None) for ``forcing``."""
+        nf = len(self.forcing_names)
+        if forcing is None:
+            forcing = self.forcing
+        if callable(forcing):
+            if nf == 0:
+                raise JacError("bad_argument", "this model has no forcing fields; a forcing callable "
+                               "has nothing to set")
+            return None, forcing
+        if nf == 0:
+            if forcing is not None:
+                raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
+            return None, None
+        if forcing is None:
+            f0 = self.rhs_program.forcing0
+            if f0 is None or self.rhs_program.cells != L:
+                raise JacError("bad_argument",
+                               f"forcing= is required: {', '.join(self.forcing_names)} per lane "
+                               f"({L} lanes; the document's defaults are for {self.rhs_program.cells})")
+            buf[:] = np.asarray(f0, dtype=np.float64).reshape(-1)
+            return buf, None
+        if isinstance(forcing, Mapping):
+            for k in forcing:
+                if k not in self.forcing_names:
+                    raise JacError("unresolvable_column", f"unknown forcing field {k!r}; "
+                                   f"fields: {', '.join(self.forcing_names)}")
+            missing = [k for k in self.forcing_names if k not in forcing]
+            if missing:
+                raise JacError("bad_argument", f"forcing lacks {', '.join(missing)}")
+            for i, k in enumerate(self.forcing_names):
+                try:
+                    buf[i * L:(i + 1) * L] = np.broadcast_to(np.asarray(forcing[k], dtype=np.float64), (L,))
+                except ValueError:
+                    raise JacError("bad_argument", f"forcing[{k!r}] must be a number or {L} values") from None
+            return buf, None
+        a = np.asarray(forcing)
+        if a.size != nf * L or not np.issubdtype(a.dtype, np.number):
+            raise JacError("bad_argument", f"forcing must hold {nf} field(s) x {L} lanes "
+                           f"({', '.join(self.forcing_names)}), got shape {a.shape}")
+        if a.dtype == np.float64 and a.flags.c_contiguous and a.ndim == 1:
+            return a, None
+        buf[:] = a.reshape(-1)
+        return buf, None
+
+    # -- scratch --------------------------------------------------------------
+    def _scratch_for(self, L: int, nthreads: int):
+        key = (L, nthreads)
+        sc = self._scratch.get(key)
+        if sc is not None:
+            return sc
+        from ..integrators.lanestep import LaneStepper
+        from ..linalg.sparse_lu import CHUNK
+        from ..runtime.programs import lane_cells
+        unit = CHUNK if self.tile is None else int(self.tile)
+        per = -(-L // nthreads)
+        per = -(-per // unit) * unit
+        blocks = [(a, min(per, L - a)) for a in range(0, L, per)]
+        ncd = len(self.rhs_program.layout.cell_shape)
+        cix = lane_cells(self.rhs_program.layout.cell_shape, L)
+        steppers = []
+        for _, c in blocks:
+            b = _Bound(self, self.p, 0.0, c)
+            steppers.append(LaneStepper(self._tab, self._lu, self._perm, self._iperm,
+                                        len(self.forcing_names), ncd, c, self.tile, b.rhs, b.jac,
+                                        self.step == "shared", self.compact))
+        i64 = np.int64
+        stats = LeafStats(np.zeros(L, np.int8), np.zeros(L, i64), np.zeros(L, i64), np.zeros(L, i64),
+                          np.zeros(L, i64), np.zeros(L, i64), np.zeros(L), np.zeros(L))
+        fbuf = np.zeros(max(len(self.forcing_names) * L, 1))
+        sc = (blocks, steppers, stats, cix, fbuf)
+        if len(self._scratch) > 8:                  # a host model uses one or two lane counts
+            self._scratch.pop(next(iter(self._scratch)))
+        self._scratch[key] = sc
+        return sc
+
+    def _executor(self, nthreads: int):
+        if self._pool is None or self._pool._max_workers < nthreads - 1:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool = ThreadPoolExecutor(max_workers=max(nthreads - 1, 1),
+                                            thread_name_prefix="esmjac-leaf",
+                                            initializer=_one_thread_pool_init)
+        return self._pool
+
+    # -- the host-model call ------------------------------------------------
+    def advance(self, u: np.ndarray, t0: float, dt: float, forcing=None, out: np.ndarray | None = None,
+                *, h0=None) -> LeafStats:
+        """Integrate every lane of ``u`` over ``[t0, t0 + dt]``.
+
+        ``u``: flat float64, ``u[s*L + l]`` (species-major, lanes fastest),
+        ``L = u.size // n_species``. The new state is written into ``out``
+        (same shape) or, when ``out`` is None, into ``u`` itself.
+        ``forcing``: the model's per-cell fields (:attr:`forcing_names`) as a
+        flat ``nf*L`` array, an ``(nf, L)`` array, a dict name → number or
+        ``L`` values — constant over the step — or a callable
+        ``forcing(t, lanes) -> (nf, m) array`` evaluated at every stage time
+        (``t``: the lanes' times, ``lanes``: their indices); None: the
+        leaf's ``forcing`` (or the document's defaults at its own cell count).
+        ``h0``: starting step (a number, or per lane — e.g. the previous
+        call's ``stats.h``); None: an estimate per lane.
+
+        Returns per-lane :class:`LeafStats` (the leaf's buffers). A lane that
+        fails keeps its last accepted state and is listed in
+        ``stats.failed``; other lanes are unaffected. Raises
+        :class:`~esmjac.errors.JacError` only for bad arguments.
+        """
+        self._check_state("u", u, out is None)
+        L = self.lanes_of(u)
+        if out is None:
+            out = u
+        else:
+            self._check_state("out", out, True)
+            if out.shape != u.shape:
+                raise JacError("bad_argument", f"out has shape {out.shape}, u has {u.shape}")
+        try:
+            t0 = float(t0)
+            dt = float(dt)
+        except (TypeError, ValueError):
+            raise JacError("bad_argument", f"t0 and dt must be numbers, got {t0!r}, {dt!r}") from None
+        if not (math.isfinite(t0) and math.isfinite(dt)) or dt < 0:
+            raise JacError("bad_argument", f"t0 must be finite and dt finite and >= 0, got {t0}, {dt}")
+        if not np.all(np.isfinite(u)):
+            raise JacError("bad_argument", "u has non-finite values")
+        h0 = self.h0 if h0 is None else self._h0(h0)
+        if isinstance(h0, np.ndarray) and h0.shape != (L,):
+            raise JacError("bad_argument", f"h0 per lane must have {L} values, got {h0.shape}")
+        nth = _thread_count(self.threads, L)
+        with self._lock:
+            blocks, steppers, stats, cix, fbuf = self._scratch_for(L, nth)
+            fz, fcall = self._forcing_arg(forcing, L, fbuf)
+            stats._reset()
+            tend = t0 + dt
+            args = (u, out, L)
+            rest = (t0, tend, h0, fz, fcall, cix, self.atol, self.rtol, self.max_steps,
+                    self.max_rejects, self.clip_negative, stats)
+            if out is not u:
+                pass
+            if len(blocks) == 1:
+                self._run_one(steppers[0], args, blocks[0], rest)
+            else:
+                pool = self._executor(len(blocks))
+                futs = [pool.submit(st.run, *args, a, c, *rest)
+                        for st, (a, c) in zip(steppers[1:], blocks[1:])]
+                err = None
+                try:
+                    self._run_one(steppers[0], args, blocks[0], rest)
+                except BaseException as exc:        # noqa: BLE001 - wait for the workers first
+                    err = exc
+                for fu in futs:
+                    try:
+                        fu.result()
+                    except BaseException as exc:    # noqa: BLE001
+                        err = err or exc
+                if err is not None:
+                    raise err
+        return stats
+
+    @staticmethod
+    def _run_one(stepper, args, block, rest) -> None:
+        with numba_threads(1):       # one worker thread per lane block
+            stepper.run(*args, block[0], block[1], *rest)
+
+    # -- standalone integration --------------------------------------------
+    def initial_state(self, y0=None, lanes: int | None = None) -> np.ndarray:
+        """A flat float64 state: the document's defaults, an array, or a dict
+        species → number or per-lane values (others from the defaults)."""
+        n = self.n_species
+        base = np.array(self.rhs_program.u0, dtype=np.float64).reshape(-1)
+        cells = base.size // n
+        L = cells if lanes is None else int(lanes)
+        if y0 is None or isinstance(y0, Mapping):
+            if L != cells:
+                base = np.repeat(base.reshape(n, cells)[:, :1], L, axis=1).reshape(-1) if cells else base
+            y = base.copy()
+            for k, v in (y0 or {}).items():
+                if k not in self.species:
+                    raise JacError("unresolvable_column", f"y0 names unknown species {k!r}; "
+                                   f"species: {', '.join(self.species)}")
+                s = self.species.index(k)
+                try:
+                    y[s * L:(s + 1) * L] = np.broadcast_to(np.asarray(v, dtype=np.float64), (L,))
+                except ValueError:
+                    raise JacError("bad_argument", f"y0[{k!r}] must be a number or {L} values") from None
+            return y
+        try:
+            y = np.array(y0, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise JacError("bad_argument", "y0 must be an array u[s*L + l] or a dict species → values") from None
+        self.lanes_of(y)
+        return y
+
+    def solve(self, t_span: Sequence[float], y0=None, *, t_eval=None, forcing=None, rtol=None,
+              atol=None, h0=None) -> LeafSolution:
+        """Integrate from ``t_span[0]`` to ``t_span[1]`` with output at ``t_eval``.
+
+        ``y0``: see :meth:`initial_state` (default: the document's state).
+        ``t_eval``: increasing times inside ``t_span`` (default: the end
+        only); each output interval is one :meth:`advance`, step sizes carried
+        over per lane, so the outputs are exact states, not interpolants.
+        ``rtol``/``atol`` override the leaf's for this call. Per-lane
+        statistics are summed over the intervals.
+        """
+        try:
+            t0, tf = (float(x) for x in t_span)
+        except (TypeError, ValueError):
+            raise JacError("bad_argument", f"t_span must be (t0, tf), got {t_span!r}") from None
+        if not (math.isfinite(t0) and math.isfinite(tf)) or tf < t0:
+            raise JacError("bad_argument", f"t_span must be finite with tf >= t0, got {(t0, tf)}")
+        te = np.array([tf] if t_eval is None else t_eval, dtype=np.float64).reshape(-1)
+        if te.size == 0 or np.any(np.diff(te) < 0) or te[0] < t0 or te[-1] > tf:
+            raise JacError("bad_argument", f"t_eval must be increasing inside {(t0, tf)}")
+        y = self.initial_state(y0)
+        L = self.lanes_of(y)
+        saved = self.rtol, self.atol
+        if rtol is not None:
+            self.rtol = self._rtol(rtol)
+        if atol is not None:
+            self.atol = self._atol(atol)
+        try:
+            ys = np.empty((te.size, y.size))
+            tot = None
+            t = t0
+            h = h0
+            for k, tk in enumerate(te):
+                st = self.advance(y, t, tk - t, forcing, h0=h)
+                if tot is None:
+                    tot = LeafStats(*(np.array(getattr(st, f)) for f in
+                                      ("status", "nsteps", "naccept", "nreject", "nfev", "njev", "h", "t")))
+                else:
+                    for f in ("nsteps", "naccept", "nreject", "nfev", "njev"):
+                        getattr(tot, f)[:] += getattr(st, f)
+                    tot.h[:] = st.h
+                    tot.t[:] = st.t
+                    tot.status[:] = np.where(tot.status != 0, tot.status, st.status)
+                ys[k] = y
+                if tk > t and np.all(st.status == 0):
+                    h = np.array(st.h)
+                t = tk
+                if not st.success:
+                    ys[k + 1:] = np.nan
+                    break
+        finally:
+            self.rtol, self.atol = saved
+        tt = tot.totals()
+        return LeafSolution(float(tf if tot.success else tot.t.min()), y, te, ys, tot, tot.success,
+                            tot.message, tt["nsteps"], tt["naccept"], tt["nreject"], tt["nfev"],
+                            tt["njev"], tt["nsteps"])
+
+    def close(self) -> None:
+        """Stop the worker threads (they also stop when the leaf is collected)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:                           # noqa: BLE001
+            pass
+
+
+def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, method: str = "rodas3",
+               rtol: float = 1e-4, atol=None, step: str = "lane", threads="auto", compact: bool = True,
+               clip_negative: bool = False, max_steps: int = 100000, max_rejects: int = 50,
+               h0=None, options: dict | None = None, **extra) -> RosenbrockLeaf:
+    """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
+
+    ``p``: parameter overrides (dict name → value, or all values in
+    :attr:`RosenbrockLeaf.param_names` order); per-cell fields go in
+    ``forcing`` (see :meth:`RosenbrockLeaf.advance`).
+    ``method``: ``"rodas3"`` (default, stiffly accurate, order 3(2)) or ``"ros3"``.
+    ``rtol``; ``atol``: None (default) = :data:`ATOL_FRACTION` times each
+    species' scale in the document's initial state; or a number, one value
+    per species, or a dict species → value.
+    ``step``: ``"lane"`` (default; every lane its own step size) or
+    ``"shared"`` (one step size for all lanes, the stiffest sets it).
+    ``threads``: worker threads over lane blocks, as for ``ivp``/``cvode``:
+    ``"auto"`` (default: one per :data:`AUTO_LANES_PER_THREAD` lanes, at
+    most the cores), None (numba's thread count) or an int. Results are
+    bitwise the same for any value.
+    ``compact``: squeeze finished lanes out between steps (default) or mask
+    them. ``clip_negative``: set negative concentrations of accepted steps
+    to 0 (off by default: Rosenbrock methods conserve mass and linear
+    invariants only without clipping). ``max_steps``: attempts per lane per
+    call; ``max_rejects``: consecutive rejections before a lane gives up.
+    """
+    from ..layouts.types import LaneSparseBlocks
+    from ..model.expr import free_names
+    from ..runtime.programs import JacobianProgram, RhsProgram
+    if extra:
+        raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
+    rhs = RhsProgram.build(source, model, options=options)
+    jac = JacobianProgram.build(source, model, wrt="states", options=options)
+    if jac.kind != "cell":
+        raise JacError("nonuniform_pattern",
+                       "the native Rosenbrock leaf integrates per-cell chemistry (LaneSparseBlocks); this "
+                       "model couples cells — use kind 'scipy.ivp' or 'sundials.cvode'")
+    if any("t" in free_names(rhs.doc.expanded(f.expr)) for f in rhs.doc.fields):
+        raise JacError("bad_option",
+                       "this model's right-hand side uses t explicitly; the leaf steps lanes at different "
+                       "times, so pass time-dependent inputs as forcing fields (forcing=callable(t, lanes))")
+    plan = jac.plan(LaneSparseBlocks(), source=rhs)
+    return RosenbrockLeaf(rhs, jac, plan, p, forcing, method=method, rtol=rtol, atol=atol, step=step,
+                          threads=threads, compact=compact, clip_negative=clip_negative,
+                          max_steps=max_steps, max_rejects=max_rejects, h0=h0)

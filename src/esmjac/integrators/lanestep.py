@@ -1,0 +1,528 @@
+"""Per-lane Rosenbrock stepping: every lane its own step size, time and fate.
+
+The shared-step driver (:func:`esmjac.integrators.rosenbrock.rosenbrock`)
+advances all lanes with one ``h``: the stiffest cell sets the pace of the
+whole grid (NCAR MICM's known weakness). Here each lane (grid cell) carries
+its own ``t``, ``h``, error norm, accept/reject history and status, exactly
+as if it were integrated alone (KPP's way), while the arithmetic still runs
+as unit-stride loops over many lanes at once.
+
+How lanes come and go. The working arrays hold only the *active* lanes,
+compacted (species-major, stride = active count ``m``): after each step
+attempt, lanes that reached the end of the interval or failed are written
+back to the caller's array and squeezed out, so finished lanes cost nothing
+(the alternative, masking them inside their tile, is ``compact=False``;
+``benchmarks`` measures both). Lane independence is exact: no kernel mixes
+lanes, fastmath is off (no FMA contraction), so a lane's floating-point
+operations — and its bits — do not depend on where it sits, on which lanes
+share its block, on the thread count or on the chunking.
+
+Failures are per lane (status codes :data:`STATUS`): a lane whose step size
+underflows, that exceeds ``max_steps`` attempts or ``max_rejects``
+consecutive rejections, whose iteration matrix stays singular or whose
+values turn non-finite stops at its last accepted state with its status
+set; every other lane carries on untouched.
+
+``step="shared"`` runs the same engine with the error norm maximised over
+the active lanes, which keeps all lanes in lock-step (for comparison).
+
+The engine is model-agnostic: it calls ``rhs(u, forcing, cix, m, out)`` and
+``jac(u, forcing, cix, m, out)`` on the first ``m`` compact lanes (the
+native adapter binds the compiled programs to these), with ``jac`` writing
+the factorization's LaneSparseBlocks slots in lane tiles of ``tile`` (None:
+one tile of ``m`` lanes).
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ..linalg.sparse_lu import CHUNK, SparseLaneLU, factor_lanes, solve_lanes, tiled_size
+
+__all__ = ["STATUS", "LaneStepper", "RUNNING"]
+
+#: Per-lane status codes (``stats.status``) and their meaning.
+STATUS = {
+    0: "ok",
+    1: "step size underflow",
+    2: "too many step attempts (max_steps)",
+    3: "too many consecutive rejections (max_rejects)",
+    4: "non-finite values (NaN/inf in f, J or the stages)",
+    5: "iteration matrix I/(hγ) − J singular",
+}
+RUNNING = -1
+
+# Step-size control (the KPP defaults): new h = h·clip(SAFE·err^(−1/elo),
+# FAC_MIN, FAC_MAX); after two rejections in a row h shrinks by FAC_REJ; a
+# singular iteration matrix halves h.
+_FAC_SAFE, _FAC_MIN, _FAC_MAX, _FAC_REJ = 0.9, 0.2, 6.0, 0.1
+_EPS = float(np.finfo(np.float64).eps)
+
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
+
+
+# --------------------------------------------------------------------------
+# Kernels over the first m compact lanes (vectors: v[s*m + l]). Stage vectors
+# K live in the LU's permuted order, states and f values in natural order.
+# --------------------------------------------------------------------------
+
+@numba.njit(**_JIT)
+def _gather(src, L, idx, rows, m, dst):
+    """dst[r*m + j] = src[r*L + idx[j]] for r < rows."""
+    for r in range(rows):
+        s = src[r * L:(r + 1) * L]
+        d = dst[r * m:(r + 1) * m]
+        for j in range(m):
+            d[j] = s[idx[j]]
+
+
+@numba.njit(**_JIT)
+def _prep_h(t, h, tend, done, m, hs, last):
+    """The step to attempt: h, cut to land exactly on tend."""
+    for l in range(m):
+        hl = h[l]
+        if done[l] == 0 and hl >= tend - t[l]:
+            hl = tend - t[l]
+            last[l] = 1
+        else:
+            last[l] = 0
+        hs[l] = hl
+
+
+@numba.njit(**_JIT)
+def _shared_min(x, m):
+    v = x[0]
+    for l in range(1, m):
+        if x[l] < v:
+            v = x[l]
+    for l in range(m):
+        x[l] = v
+
+
+@numba.njit(**_JIT)
+def _assemble_w(J, Wm, diag_slots, hs, gamma, m, W, nnz):
+    """Wm = I/(h_l γ) − J in (tiled) slot storage, per lane h_l."""
+    N = ((m + W - 1) // W) * W * nnz
+    for i in range(N):
+        Wm[i] = -J[i]
+    for l in range(m):
+        shift = 1.0 / (hs[l] * gamma)
+        base = (l // W) * nnz * W + l % W
+        for k in range(diag_slots.shape[0]):
+            Wm[base + diag_slots[k] * W] += shift
+
+
+@numba.njit(**_JIT)
+def _stage_rhs(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m):
+    """K[i] (permuted) = F + Σ_p (cval_p/h_l) K[cidx_p] + gdt·h_l·dfdt, left to right."""
+    n = perm.shape[0]
+    for k in range(n):
+        ki = K[i, k * m:(k + 1) * m]
+        so = perm[k] * m
+        fs = F[so:so + m]
+        for l in range(m):
+            ki[l] = fs[l]
+        for p in range(cidx.shape[0]):
+            kj = K[cidx[p], k * m:(k + 1) * m]
+            cv = cval[p]
+            for l in range(m):
+                ki[l] += (cv / hs[l]) * kj[l]
+        if gdt != 0.0:
+            ds = dfdt[so:so + m]
+            for l in range(m):
+                ki[l] += (gdt * hs[l]) * ds[l]
+
+
+@numba.njit(**_JIT)
+def _combine(Y, K, idx, val, perm, m, out):
+    """out (natural) = Y + Σ_p val_p K[idx_p] (permuted), left to right."""
+    n = perm.shape[0]
+    for k in range(n):
+        so = perm[k] * m
+        o = out[so:so + m]
+        y = Y[so:so + m]
+        for l in range(m):
+            o[l] = y[l]
+        for p in range(idx.shape[0]):
+            kj = K[idx[p], k * m:(k + 1) * m]
+            v = val[p]
+            for l in range(m):
+                o[l] += v * kj[l]
+
+
+@numba.njit(**_JIT)
+def _err_lanes(Y, Ynew, K, idx, val, atol, rtol, iperm, m, err):
+    """err[l] = RMS_s(e_s / (atol_s + rtol·max(|y_s|, |ynew_s|))), e = Σ val K[idx];
+    species summed in natural order; non-finite → inf."""
+    n = iperm.shape[0]
+    for l in range(m):
+        err[l] = 0.0
+    for s in range(n):
+        ko = iperm[s] * m
+        y = Y[s * m:(s + 1) * m]
+        yn = Ynew[s * m:(s + 1) * m]
+        a = atol[s]
+        for l in range(m):
+            e = 0.0
+            for p in range(idx.shape[0]):
+                e += val[p] * K[idx[p], ko + l]
+            r = e / (a + rtol * max(abs(y[l]), abs(yn[l])))
+            err[l] += r * r
+    for l in range(m):
+        v = math.sqrt(err[l] / n)
+        err[l] = v if v == v and v < np.inf else np.inf
+
+
+@numba.njit(**_JIT)
+def _shared_max(err, m):
+    v = 0.0
+    for l in range(m):
+        if not (err[l] <= v):
+            v = err[l]
+    for l in range(m):
+        err[l] = v
+
+
+@numba.njit(**_JIT)
+def _shared_bad(bad, m):
+    k = -1
+    for l in range(m):
+        if bad[l] >= 0:
+            k = bad[l]
+    if k >= 0:
+        for l in range(m):
+            bad[l] = k
+
+
+@numba.njit(**_JIT)
+def _h_start(Y, F, atol, rtol, span, m, n, h):
+    """Hairer–Wanner's first guess 0.01·‖y‖/‖f‖ per lane (weighted RMS), 1e-6
+    when either is tiny, within [1e-12·span, span]."""
+    for l in range(m):
+        d0 = 0.0
+        d1 = 0.0
+        for s in range(n):
+            sc = atol[s] + rtol * abs(Y[s * m + l])
+            d0 += (Y[s * m + l] / sc) ** 2
+            d1 += (F[s * m + l] / sc) ** 2
+        d0 = math.sqrt(d0 / n)
+        d1 = math.sqrt(d1 / n)
+        if d0 < 1e-5 or d1 < 1e-5 or not (d1 < np.inf):
+            hl = 1e-6
+        else:
+            hl = 0.01 * d0 / d1
+        h[l] = min(max(hl, 1e-12 * span), span)
+
+
+@numba.njit(**_JIT)
+def _fd_time(F1, F0, t, m, n, out):
+    """out = (F1 − F0)/δ_l: KPP's forward difference ∂f/∂t, δ = √eps·max(1e-5, |t|)."""
+    for s in range(n):
+        for l in range(m):
+            d = math.sqrt(2.220446049250313e-16) * max(1e-5, abs(t[l]))
+            out[s * m + l] = (F1[s * m + l] - F0[s * m + l]) / d
+
+
+@numba.njit(**_JIT)
+def _times(t, hs, alpha, m, out):
+    for l in range(m):
+        out[l] = t[l] + alpha * hs[l]
+
+
+@numba.njit(**_JIT)
+def _fd_times(t, m, out):
+    for l in range(m):
+        out[l] = t[l] + math.sqrt(2.220446049250313e-16) * max(1e-5, abs(t[l]))
+
+
+@numba.njit(**_JIT)
+def _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl, rm, crej, nonfin,
+             done, idx, elo, max_steps, max_rejects, clip, nfev_step,
+             st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_h, st_t):
+    """Per-lane accept/reject after one attempt; returns how many lanes finished.
+
+    Accepted lanes take Ynew (optionally clipped at 0) and advance; rejected
+    lanes shrink h. A lane is *done* when it reaches tend (status 0) or fails
+    (status > 0, state left at its last accepted point)."""
+    ndone = 0
+    for l in range(m):
+        if done[l] != 0:
+            continue
+        g = idx[l]
+        st_nfev[g] += nfev_step
+        st_njev[g] += 1
+        st_steps[g] += 1
+        hl = hs[l]
+        e = err[l]
+        sing = bad[l] >= 0
+        if sing:
+            hnew = 0.5 * hl
+            # a NaN/inf Jacobian entry makes a NaN pivot: report it as non-finite
+            base = (l // W) * nnz * W + l % W
+            fin = True
+            for q in range(nnz):
+                v = J[base + q * W]
+                if not (abs(v) < np.inf):
+                    fin = False
+        elif e < np.inf:
+            fac = _FAC_SAFE / e ** (1.0 / elo)
+            hnew = hl * min(_FAC_MAX, max(_FAC_MIN, fac))
+            fin = True
+        else:
+            hnew = hl * _FAC_REJ
+            fin = False
+        if not sing and e <= 1.0:
+            st_acc[g] += 1
+            for s in range(n):
+                v = Ynew[s * m + l]
+                if clip and v < 0.0:
+                    v = 0.0
+                Y[s * m + l] = v
+            t[l] = tend if last[l] != 0 else t[l] + hl
+            hnew = min(hnew, span)
+            if rl[l] != 0:
+                hnew = min(hnew, hl)
+            rl[l] = 0
+            rm[l] = 0
+            crej[l] = 0
+            nonfin[l] = 0
+            h[l] = hnew
+        else:
+            st_rej[g] += 1
+            crej[l] += 1
+            if rm[l] != 0:
+                hnew = hl * _FAC_REJ
+            rm[l] = rl[l]
+            rl[l] = 1
+            h[l] = hnew
+            nonfin[l] = 4 if not fin else (5 if sing else 0)
+        code = RUNNING
+        if t[l] >= tend:
+            code = 0
+        elif st_steps[g] >= max_steps:
+            code = 2
+        elif crej[l] >= max_rejects:
+            code = 3
+        elif h[l] < 10.0 * _EPS * max(abs(t[l]), span * _EPS):
+            code = nonfin[l] if nonfin[l] != 0 else 1
+        st_h[g] = h[l]
+        st_t[g] = t[l]
+        if code != RUNNING:
+            st_status[g] = code
+            done[l] = 1
+            ndone += 1
+    return ndone
+
+
+@numba.njit(**_JIT)
+def _retire(Y, n, m, done, idx, out, L):
+    """Write the done lanes' states to ``out[s*L + lane]``; compact the rest of
+    Y (stride m → m_new, stable order). Returns m_new."""
+    mn = 0
+    for l in range(m):
+        if done[l] != 0:
+            g = idx[l]
+            for s in range(n):
+                out[s * L + g] = Y[s * m + l]
+        else:
+            mn += 1
+    if mn == m:
+        return mn
+    for s in range(n):
+        j = 0
+        for l in range(m):
+            if done[l] == 0:
+                Y[s * mn + j] = Y[s * m + l]
+                j += 1
+    return mn
+
+
+@numba.njit(**_JIT)
+def _squeeze_rows(A, rows, m, mn, done):
+    """Compact a rows-major lane array (stride m → mn) dropping done lanes."""
+    for r in range(rows):
+        j = 0
+        for l in range(m):
+            if done[l] == 0:
+                A[r * mn + j] = A[r * m + l]
+                j += 1
+
+
+@numba.njit(**_JIT)
+def _squeeze_lane(a, m, done):
+    j = 0
+    for l in range(m):
+        if done[l] == 0:
+            a[j] = a[l]
+            j += 1
+
+
+@numba.njit(**_JIT)
+def _scatter_all(Y, n, m, idx, out, L):
+    for s in range(n):
+        for l in range(m):
+            out[s * L + idx[l]] = Y[s * m + l]
+
+
+def _nz(coefs) -> tuple[np.ndarray, np.ndarray]:
+    idx = [j for j, v in enumerate(coefs) if v != 0.0]
+    return np.array(idx, dtype=np.int64), np.array([coefs[j] for j in idx], dtype=np.float64)
+
+
+class LaneStepper:
+    """Scratch and driver for one block of lanes (one per worker thread).
+
+    Built once for a capacity ``C`` (the largest block it will see) and reused
+    for every call: nothing is allocated per step or per call except what the
+    user's forcing callable returns.
+    """
+
+    def __init__(self, tab, lu: SparseLaneLU, perm: np.ndarray, iperm: np.ndarray,
+                 n_forcing: int, n_cdims: int, capacity: int, tile: int | None,
+                 rhs, jac, shared: bool, compact: bool):
+        self.tab, self.lu = tab, lu
+        self.perm, self.iperm = perm, iperm
+        n, C, S = lu.n, int(capacity), tab.stages
+        self.n, self.C, self.nf, self.ncd = n, C, int(n_forcing), int(n_cdims)
+        self.tile = tile
+        self.rhs, self.jac = rhs, jac
+        self.shared, self.compact = bool(shared), bool(compact)
+        f64, i64, i8 = np.float64, np.int64, np.int8
+        self.Y, self.Ynew, self.Yst = np.empty(n * C), np.empty(n * C), np.empty(n * C)
+        self.F0, self.Fs, self.dfdt = np.empty(n * C), np.empty(n * C), np.zeros(n * C)
+        self.K = np.zeros((S, n * C))
+        W = C if tile is None else tile
+        self.J = np.zeros(tiled_size(lu.nnz, C, W))
+        self.Wm = np.zeros_like(self.J)
+        self.FZ = np.zeros(max(self.nf * C, 1))
+        self.cix = np.zeros(max(self.ncd * C, 1), dtype=i64)
+        self.idx = np.empty(C, dtype=i64)
+        self.t, self.h, self.hs = np.empty(C, f64), np.empty(C, f64), np.empty(C, f64)
+        self.tst = np.empty(C, f64)
+        self.err = np.empty(C, f64)
+        self.bad = np.empty(C, i64)
+        self.last, self.rl, self.rm = np.empty(C, i8), np.empty(C, i8), np.empty(C, i8)
+        self.crej = np.empty(C, i64)
+        self.nonfin, self.done = np.empty(C, i8), np.empty(C, i8)
+        self.a_nz = [_nz(tab.a[i]) for i in range(S)]
+        self.c_nz = [_nz(tab.c[i]) for i in range(S)]
+        self.m_nz, self.e_nz = _nz(tab.m), _nz(tab.e)
+        self.nf_stage = sum(1 for i in range(S) if tab.newf[i])
+        self.fops, self.sops = lu._factor_ops(), lu._solve_ops()
+
+    # -- forcing ------------------------------------------------------------
+    def _forcing_at(self, fcall, times, m):
+        """Evaluate a forcing callable at per-lane ``times`` into FZ."""
+        val = np.asarray(fcall(times[:m], self.idx[:m]), dtype=np.float64)
+        if val.size != self.nf * m:
+            from ..errors import JacError
+            raise JacError("bad_argument",
+                           f"forcing(t, lanes) returned {val.size} values; expected "
+                           f"{self.nf} fields x {m} lanes (shape ({self.nf}, {m}))")
+        self.FZ[:self.nf * m] = val.reshape(-1)
+
+    # -- driver ---------------------------------------------------------------
+    def run(self, u, out, L, lane0, c, t0, tend, h0, forcing, fcall, cix_full, atol, rtol,
+            max_steps, max_rejects, clip, st):
+        """Integrate lanes ``lane0 .. lane0+c-1`` of ``u`` (stride L) over
+        [t0, tend], results into ``out`` (may be ``u``); per-lane stats in
+        ``st`` (arrays indexed by global lane)."""
+        tab, lu = self.tab, self.lu
+        n, S = self.n, tab.stages
+        m = int(c)
+        idx = self.idx
+        idx[:m] = np.arange(lane0, lane0 + m)
+        _gather(u, L, idx, n, m, self.Y)
+        if self.nf and fcall is None:
+            _gather(forcing, L, idx, self.nf, m, self.FZ)
+        if self.ncd:
+            _gather(cix_full, L, idx, self.ncd, m, self.cix)
+        span = float(tend - t0)
+        t, h, hs = self.t, self.h, self.hs
+        t[:m] = t0
+        for a in (self.rl, self.rm, self.done, self.nonfin):
+            a[:m] = 0
+        self.crej[:m] = 0
+        nonauto = fcall is not None
+        if span <= 0.0:
+            _scatter_all(self.Y, n, m, idx, out, L)
+            return
+        if h0 is None:
+            if nonauto:
+                self._forcing_at(fcall, t, m)
+            self.rhs(self.Y, self.FZ, self.cix, m, self.F0)
+            st.nfev[idx[:m]] += 1
+            _h_start(self.Y, self.F0, atol, rtol, span, m, n, h)
+            if self.shared:
+                _shared_min(h, m)
+        else:
+            h[:m] = np.minimum(h0[idx[:m]], span) if isinstance(h0, np.ndarray) else min(float(h0), span)
+        gamma = tab.gamma
+        K, Y, Ynew, Yst, F0, Fs = self.K, self.Y, self.Ynew, self.Yst, self.F0, self.Fs
+        nfev_step = self.nf_stage + (1 if nonauto else 0)
+        while m > 0:
+            W = m if self.tile is None else self.tile
+            _prep_h(t, h, tend, self.done, m, hs, self.last)
+            if nonauto:
+                # ∂f/∂t by a forward difference in t (the forcing's time dependence).
+                _fd_times(t, m, self.tst)
+                self._forcing_at(fcall, self.tst, m)
+                self.rhs(Y, self.FZ, self.cix, m, Fs)
+                self._forcing_at(fcall, t, m)
+                self.rhs(Y, self.FZ, self.cix, m, F0)
+                _fd_time(Fs, F0, t, m, n, self.dfdt)
+            else:
+                self.rhs(Y, self.FZ, self.cix, m, F0)
+            self.jac(Y, self.FZ, self.cix, m, self.J)
+            _assemble_w(self.J, self.Wm, lu.diag_slots, hs, gamma, m, W, lu.nnz)
+            factor_lanes(self.Wm, lu.nnz, m, W, CHUNK, *self.fops, self.bad)
+            if self.shared:
+                _shared_bad(self.bad, m)
+            for i in range(S):
+                if i == 0:
+                    Fi = F0
+                else:
+                    if tab.newf[i]:
+                        ai, av = self.a_nz[i]
+                        _combine(Y, K, ai, av, self.perm, m, Yst)
+                        if nonauto:
+                            _times(t, hs, tab.alpha[i], m, self.tst)
+                            self._forcing_at(fcall, self.tst, m)
+                        self.rhs(Yst, self.FZ, self.cix, m, Fs)
+                        Fi = Fs
+                    # else: the same argument as the previous stage, same f.
+                ci, cv = self.c_nz[i]
+                _stage_rhs(Fi, K, i, ci, cv, hs, tab.gsum[i] if nonauto else 0.0, self.dfdt,
+                           self.perm, m)
+                solve_lanes(self.Wm, K[i], lu.nnz, m, W, CHUNK, *self.sops)
+            _combine(Y, K, self.m_nz[0], self.m_nz[1], self.perm, m, Ynew)
+            _err_lanes(Y, Ynew, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, m, self.err)
+            if self.shared:
+                _shared_max(self.err, m)
+            ndone = _control(Y, Ynew, n, m, self.err, self.bad, self.J, lu.nnz, W, hs, self.last, t, h, tend, span,
+                             self.rl, self.rm, self.crej, self.nonfin, self.done, idx, tab.elo,
+                             max_steps, max_rejects, clip, nfev_step, st.status, st.nsteps,
+                             st.naccept, st.nreject, st.nfev, st.njev, st.h, st.t)
+            if ndone == 0:
+                continue
+            if not self.compact:
+                if int(self.done[:m].sum()) == m:
+                    _scatter_all(Y, n, m, idx, out, L)
+                    return
+                continue
+            done = self.done
+            mn = _retire(Y, n, m, done, idx, out, L)
+            if mn == 0:
+                return
+            for a in (t, h, self.rl, self.rm, self.nonfin):
+                _squeeze_lane(a, m, done)
+            _squeeze_lane(self.crej, m, done)
+            if self.nf and fcall is None:
+                _squeeze_rows(self.FZ, self.nf, m, mn, done)
+            if self.ncd:
+                _squeeze_rows(self.cix, self.ncd, m, mn, done)
+            _squeeze_lane(idx, m, done)
+            done[:mn] = 0
+            m = mn

@@ -1,0 +1,236 @@
+"""The native Rosenbrock leaf (esmjac.adapters.native.rosenbrock).
+
+Oracles: SciPy's Radau at rtol 1e-10 on the same right-hand side (the RHS
+itself is checked against earthsci-ast in tests/runtime); bitwise equality
+of a lane's result alone, in a grid, in another position, with other
+neighbours, threads or masking — the lane-independence contract; hand-set
+failures (a NaN forcing, a step limit) for containment.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+from esmjac.adapters.native import rosenbrock
+from esmjac.errors import JacError
+from esmjac.integrators.lanestep import STATUS
+from esmjac.models.mechanism import lift
+from tests.support.programs import TROPO12
+
+NS = 15           # tropo12 species
+DT = 1200.0       # a 20-minute chemistry step
+
+
+@pytest.fixture(scope="module")
+def doc8():
+    return lift(json.loads(TROPO12.read_text()), 8)
+
+
+@pytest.fixture(scope="module")
+def leaf(doc8):
+    return rosenbrock(doc8, rtol=1e-6, threads=1)
+
+
+def _grid(leaf, L, seed=0):
+    """Heterogeneous lanes: states scaled by 10^U(-1, 1), half of them night."""
+    rng = np.random.default_rng(seed)
+    base = leaf.initial_state().reshape(NS, -1)[:, :1]
+    u = np.ascontiguousarray((base * 10 ** rng.uniform(-1, 1, L)[None, :]).reshape(-1))
+    fj = np.where(np.arange(L) % 2 == 0, 0.0, 1.0)
+    return u, fj
+
+
+def _cols(u, L):
+    return u.reshape(NS, L)
+
+
+def test_matches_tight_radau(leaf):
+    L = 4
+    u, fj = _grid(leaf, L, 1)
+    v = u.copy()
+    st = leaf.advance(v, 0.0, DT, forcing=fj)
+    assert st.success, st.message
+    assert np.all(st.t == DT) and np.all(st.naccept + st.nreject == st.nsteps)
+    rhs = leaf.rhs_program
+    p = leaf.p
+
+    sc = rhs.new_buffers(L)
+
+    def f(t, y):
+        return rhs.eval_into(np.ascontiguousarray(y), p, t, fj, np.empty_like(y), sc)
+
+    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
+    assert ref.success
+    yr = ref.y[:, -1]
+    big = np.abs(yr) > 1e3 * np.repeat(leaf.atol, L)
+    rel = np.abs(v - yr)[big] / np.abs(yr[big])
+    assert rel.max() < 5e-4, rel.max()
+
+
+def test_lane_alone_equals_lane_in_grid_bitwise(doc8):
+    lf = rosenbrock(doc8, threads=1)
+    L = 300                                     # two LU chunks, ragged
+    u, fj = _grid(lf, L, 2)
+    v = u.copy()
+    st = lf.advance(v, 0.0, DT, forcing=fj)
+    assert st.success
+    steps = st.nsteps.copy()
+    assert len(set(steps.tolist())) > 3         # lanes really took different step counts
+    for l in (0, 1, 137, 299):
+        w = _cols(u, L)[:, l].copy()
+        s1 = lf.advance(w, 0.0, DT, forcing=fj[l:l + 1])
+        assert np.array_equal(w, _cols(v, L)[:, l]) and s1.nsteps[0] == steps[l]
+    # reversed lane order, other neighbours, two threads, masking: same bits
+    perm = np.arange(L)[::-1].copy()
+    w = np.ascontiguousarray(_cols(u, L)[:, perm]).reshape(-1)
+    for other in (rosenbrock(doc8, threads=2), rosenbrock(doc8, threads=1, compact=False)):
+        w2 = w.copy()
+        other.advance(w2, 0.0, DT, forcing=fj[perm])
+        assert np.array_equal(_cols(w2, L), _cols(v, L)[:, perm])
+        other.close()
+
+
+def test_one_stiff_lane_neither_slows_nor_changes_the_others(doc8, leaf):
+    L = 6
+    u, fj = _grid(leaf, L, 3)
+    v = u.copy()
+    st = leaf.advance(v, 0.0, DT, forcing=fj)
+    calm = (st.nsteps.copy(), v.copy())
+    # Lane 2 gets 1e4 times the photolysis (and 100x NOx): far stiffer.
+    u2, fj2 = u.copy(), fj.copy()
+    fj2[2] = 1e4
+    for s in (3, 4):                            # NO, NO2
+        u2[s * L + 2] *= 100
+    v2 = u2.copy()
+    st2 = leaf.advance(v2, 0.0, DT, forcing=fj2)
+    assert st2.success, st2.message
+    assert st2.nsteps[2] > 2 * calm[0][2]
+    others = [l for l in range(L) if l != 2]
+    assert np.array_equal(st2.nsteps[others], calm[0][others])
+    assert np.array_equal(_cols(v2, L)[:, others], _cols(calm[1], L)[:, others])
+    # The shared-step mode is slowed by it: every lane takes the stiff lane's steps.
+    sh = rosenbrock(doc8, step="shared", rtol=1e-6, threads=1)
+    st3 = sh.advance(u2.copy(), 0.0, DT, forcing=fj2)
+    assert np.all(st3.nsteps >= st2.nsteps[2])
+
+
+def test_shared_mode_is_lock_step(doc8, leaf):
+    sh = rosenbrock(doc8, rtol=1e-6, step="shared", threads=1)
+    L = 6
+    u, fj = _grid(leaf, L, 4)
+    v, w = u.copy(), u.copy()
+    s_lane = leaf.advance(v, 0.0, DT, forcing=fj)
+    lane_steps = s_lane.nsteps.copy()
+    s_sh = sh.advance(w, 0.0, DT, forcing=fj)
+    assert s_sh.success and len(set(s_sh.nsteps.tolist())) == 1
+    assert s_sh.nsteps[0] >= lane_steps.max()
+    big = np.abs(w) > 1e3 * np.repeat(leaf.atol, L)
+    assert np.max(np.abs(v - w)[big] / np.abs(w[big])) < 1e-3
+
+
+def test_failing_lane_is_contained_and_reported(doc8, leaf):
+    L = 5
+    u, fj = _grid(leaf, L, 5)
+    v = u.copy()
+    leaf.advance(v, 0.0, DT, forcing=fj)
+    good = v.copy()
+    fj_bad = fj.copy()
+    fj_bad[3] = np.nan                          # this cell's photolysis is garbage
+    w = u.copy()
+    st = leaf.advance(w, 0.0, DT, forcing=fj_bad)
+    assert not st.success and st.failed.tolist() == [3]
+    assert st.status[3] == 4 and "non-finite" in STATUS[4] and "lane 3" in st.message
+    assert np.array_equal(_cols(w, L)[:, 3], _cols(u, L)[:, 3])    # last accepted = initial
+    ok = [0, 1, 2, 4]
+    assert np.array_equal(_cols(w, L)[:, ok], _cols(good, L)[:, ok])
+    assert np.all(st.status[ok] == 0)
+    # A step limit: status 2, state at the last accepted point, time before the end.
+    lim = rosenbrock(doc8, rtol=1e-6, threads=1, max_steps=3)
+    x = u.copy()
+    st = lim.advance(x, 0.0, DT, forcing=fj)
+    assert np.all(st.status == 2) and np.all(st.t < DT) and np.all(st.nsteps == 3)
+
+
+def test_out_t_eval_and_continuation(leaf):
+    L = 3
+    u, fj = _grid(leaf, L, 6)
+    out = np.empty_like(u)
+    st = leaf.advance(u, 0.0, DT, forcing=fj, out=out)
+    assert st.success and not np.array_equal(out, u)         # u untouched, out written
+    sol = leaf.solve((0.0, DT), y0=u, t_eval=[300.0, 600.0, DT], forcing=fj)
+    assert sol.success and sol.y_eval.shape == (3, u.size) and sol.t == DT
+    # each output interval is one advance with the step size carried over
+    v = u.copy()
+    s1 = leaf.advance(v, 0.0, 300.0, forcing=fj)
+    assert np.array_equal(v, sol.y_eval[0])
+    h = s1.h.copy()
+    leaf.advance(v, 300.0, 300.0, forcing=fj, h0=h)
+    assert np.array_equal(v, sol.y_eval[1])
+    # output stops change the steps, not the answer (beyond the tolerance)
+    assert np.max(np.abs(sol.y - out) / (np.abs(out) + 1e3 * np.repeat(leaf.atol, L))) < 1e-4
+
+
+def test_callable_forcing_at_stage_times(leaf):
+    # fj ramps linearly over the step (sunrise); reference: Radau with fj(t).
+    L = 2
+    u, _ = _grid(leaf, L, 7)
+    ramp = lambda t: np.clip(t / DT, 0.0, 1.0)  # noqa: E731
+    calls = []
+
+    def forcing(t, lanes):
+        calls.append(len(lanes))
+        return ramp(np.asarray(t))[None, :] * np.array([1.0, 0.5])[lanes][None, :]
+
+    v = u.copy()
+    st = leaf.advance(v, 0.0, DT, forcing=forcing)
+    assert st.success and calls
+    rhs, p = leaf.rhs_program, leaf.p
+
+    sc = rhs.new_buffers(L)
+
+    def f(t, y):
+        return rhs.eval_into(np.ascontiguousarray(y), p, t, ramp(t) * np.array([1.0, 0.5]), np.empty_like(y), sc)
+
+    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
+    yr = ref.y[:, -1]
+    big = np.abs(yr) > 1e3 * np.repeat(leaf.atol, L)
+    assert np.max(np.abs(v - yr)[big] / np.abs(yr[big])) < 1e-3
+
+
+def test_dicts_defaults_and_refusals(doc8, leaf):
+    lf = rosenbrock(doc8, p={"T": 290.0}, threads=1)
+    assert lf.p[lf.param_names.index("T")] == 290.0
+    y = lf.initial_state({"O3": 2e12})
+    assert np.all(y[:8] == 2e12)
+    # default atol scales with the species (ppb- or molecule-unit models alike)
+    assert lf.atol[lf.species.index("CH4")] > 1e5 * lf.atol[lf.species.index("O1D")]
+    cases = [
+        (lambda: rosenbrock(doc8, p={"nope": 1.0}), "unresolvable_column"),
+        (lambda: rosenbrock(doc8, p={"fj": 1.0}), "unresolvable_column"),
+        (lambda: rosenbrock(doc8, p=[1.0, 2.0]), "bad_argument"),
+        (lambda: rosenbrock(doc8, step="global"), "bad_option"),
+        (lambda: rosenbrock(doc8, threads=0), "bad_option"),
+        (lambda: rosenbrock(doc8, atol=-1.0), "bad_option"),
+        (lambda: rosenbrock(doc8, atol={"XX": 1.0}), "unresolvable_column"),
+        (lambda: rosenbrock(doc8, method="rk4"), "bad_option"),
+        (lambda: rosenbrock(doc8, bogus=1), "bad_option"),
+        (lambda: leaf.initial_state({"XX": 1.0}), "unresolvable_column"),
+        (lambda: leaf.advance(np.ones(NS * 2 + 1), 0.0, DT, forcing=np.ones(2)), "bad_argument"),
+        (lambda: leaf.advance(np.ones(NS * 2, np.float32), 0.0, DT, forcing=np.ones(2)), "bad_argument"),
+        (lambda: leaf.advance(np.ones(NS * 2), 0.0, -1.0, forcing=np.ones(2)), "bad_argument"),
+        (lambda: leaf.advance(np.ones(NS * 2), 0.0, DT, forcing=np.ones(3)), "bad_argument"),
+        (lambda: leaf.advance(np.ones(NS * 2), 0.0, DT), "bad_argument"),     # 2 lanes: no defaults
+        (lambda: leaf.advance(np.ones(NS * 2), 0.0, DT, forcing={"fx": 1.0}), "unresolvable_column"),
+        (lambda: leaf.advance(np.ones(NS * 2), 0.0, DT, forcing=np.ones(2), out=np.ones(NS)), "bad_argument"),
+    ]
+    for call, code in cases:
+        with pytest.raises(JacError) as e:
+            call()
+        assert e.value.code == code
+    # dict forcing and the document's own defaults at its cell count work
+    v = np.ones(NS * 2) * 1e6
+    assert leaf.advance(v, 0.0, 10.0, forcing={"fj": [0.0, 1.0]}).success
+    assert leaf.advance(leaf.initial_state(), 0.0, 10.0).success
