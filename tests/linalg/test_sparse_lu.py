@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from esmjac.calculus.factorization import lu_fill, markowitz_ordering
+from esmjac.linalg.factorization import lu_fill, markowitz_ordering
 from esmjac.errors import JacError
 from esmjac.linalg.sparse_lu import SparseLaneLU, tiled_size
 
