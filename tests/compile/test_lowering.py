@@ -101,3 +101,18 @@ def test_array_valued_rhs_of_a_scalar_is_refused():
         rhs_pieces(view)
     assert ei.value.code == "unsupported_construct"
     assert isinstance(ei.value, NotImplementedError)
+
+
+@pytest.mark.parametrize("change", [{"filter": {"op": ">", "args": ["i", 1]}}, {"reduce": "max"}],
+                         ids=["filter", "max"])
+def test_one_construct_one_error_code(change):
+    # The RHS lowering and the band calculus walk arrays the same way, so an
+    # aggregate neither can express is refused with the same code by both.
+    from esmjac.calculus.bandset import BandSet
+    doc = chem(cells=3)
+    doc["models"]["M"]["equations"][0]["rhs"].update(change)
+    with pytest.raises(JacError) as lowering:
+        rhs_pieces(load_view(doc))
+    with pytest.raises(JacError) as calculus:
+        BandSet.build(doc)
+    assert lowering.value.code == calculus.value.code == "underivable_operator"

@@ -167,7 +167,7 @@ def _array(out, e, v, ctx, shape_u, scale) -> None:
             raise JacError("unsupported_construct", f"`{o}` operands have no band form")
         # Generic elementwise op over whole arrays: push the index inward.
         names = _names(shape_u)
-        body = _push_index(e, list(names), ctx)
+        body = push_index(e, list(names), ctx)
         agg = node(AGG, (), body, output_idx=list(names),
                    ranges={n: [1, shape_u[k]] for k, n in enumerate(names)})
         _array(out, agg, v, ctx, shape_u, scale)
@@ -176,7 +176,11 @@ def _array(out, e, v, ctx, shape_u, scale) -> None:
         _scalar_bands(out, e, v, [(1, n) for n in shape_u], names, scale)
 
 
-def _aggregate(out, e: Node, v, ctx, shape_u, scale) -> None:
+def aggregate_box(e: Node, ctx, shape) -> tuple:
+    """``(output indices, their row ranges, ranges)`` of an array-level
+    aggregate over an array of ``shape``, or the refusal both array walks
+    (this calculus and the RHS lowering) give for it: one construct, one
+    error code."""
     output_idx = e.attr("output_idx") or ()
     if any(not isinstance(x, str) for x in output_idx):
         raise JacError("unsupported_construct", "singleton `1` output_idx entries have no band form")
@@ -192,16 +196,21 @@ def _aggregate(out, e: Node, v, ctx, shape_u, scale) -> None:
         raise JacError("underivable_operator",
                        f"reduce={e.attr('reduce') or semiring!r}: non-`+` semiring reductions have no bands")
     ranges = dict(e.attr("ranges") or ())
-    cnames = sorted(n for n in ranges if n not in oidx)
-    crange = tuple((n, *range_of(ranges[n], ctx.index_sets)) for n in cnames)
     rows = []
     for k, n in enumerate(oidx):
         if n in ranges:
             rows.append(range_of(ranges[n], ctx.index_sets))
-        elif k < len(shape_u):
-            rows.append((1, shape_u[k]))
+        elif k < len(shape):
+            rows.append((1, shape[k]))
         else:
             raise JacError("unsupported_construct", f"output index `{n}` has no range")
+    return oidx, rows, ranges
+
+
+def _aggregate(out, e: Node, v, ctx, shape_u, scale) -> None:
+    oidx, rows, ranges = aggregate_box(e, ctx, shape_u)
+    cnames = sorted(n for n in ranges if n not in oidx)
+    crange = tuple((n, *range_of(ranges[n], ctx.index_sets)) for n in cnames)
     cset = frozenset(cnames)
     for rows2, body in clip_regions(e.body, oidx, rows):
         rows2 = tuple(tuple(r) for r in rows2)
@@ -285,14 +294,14 @@ def place_subregion(rows, full: bool, origins, sub_rows, sub_idx) -> tuple:
     return ridx, rows2, subst
 
 
-def _push_index(e, idx: list, ctx: Ctx):
+def push_index(e, idx: list, ctx: Ctx):
     if isinstance(e, str):
         return node("index", [e, *idx]) if ctx.is_array(e) else e
     if isinstance(e, Node):
         if e.op in (AGG, "makearray", "index"):
             raise JacError("unsupported_construct",
                            f"cannot push an index into `{e.op}` nested under an elementwise op")
-        return map_children(e, lambda x: _push_index(x, idx, ctx))
+        return map_children(e, lambda x: push_index(x, idx, ctx))
     return e
 
 

@@ -119,22 +119,17 @@ def _uniform(cond, env: dict):
         a, b = t[0] * lo + t[1], t[0] * hi + t[1]
         fa, fb = _truth(cond.op, 1, a, 0), _truth(cond.op, 1, b, 0)
         return fa if fa == fb else None
-    if cond.op == "and":
+    if cond.op in ("and", "or"):
+        # One operand equal to the short-circuit value decides; otherwise
+        # undecided if any operand is, else the identity (all true / false).
+        short = cond.op == "or"
         und = False
         for x in cond.args:
             u = _uniform(x, env)
-            if u is False:
-                return False
+            if u is short:
+                return short
             und |= u is None
-        return None if und else True
-    if cond.op == "or":
-        und = False
-        for x in cond.args:
-            u = _uniform(x, env)
-            if u is True:
-                return True
-            und |= u is None
-        return None if und else False
+        return None if und else not short
     if cond.op == "not" and len(cond.args) == 1:
         u = _uniform(cond.args[0], env)
         return None if u is None else not u

@@ -55,6 +55,18 @@ def _is_val(x, v: float) -> bool:
     return is_lit(x) and float(x) == v
 
 
+def _without_unit(e: Node, args: list, unit: float):
+    """``e`` (a sum or product) without operands equal to its ``unit``
+    (0 for ``+``, 1 for ``*``): the unit itself when none is left, the
+    operand when one is, ``e`` unchanged when nothing was dropped."""
+    keep = [a for a in args if not _is_val(a, unit)]
+    if not keep:
+        return unit
+    if len(keep) == 1:
+        return keep[0]
+    return e if len(keep) == len(args) else with_args(e, keep)
+
+
 def simplify(e):
     """The reference's algebraic ``simplify`` (see module docstring)."""
     if not isinstance(e, Node):
@@ -81,21 +93,11 @@ def _simplify_node(e: Node):
         return f
     o = e.op
     if o == "+":
-        nz = [a for a in args if not _is_val(a, 0.0)]
-        if not nz:
-            return 0.0
-        if len(nz) == 1:
-            return nz[0]
-        return e if len(nz) == len(args) else with_args(e, nz)
+        return _without_unit(e, args, 0.0)
     if o == "*":
         if any(_is_val(a, 0.0) for a in args):
             return 0.0
-        no = [a for a in args if not _is_val(a, 1.0)]
-        if not no:
-            return 1.0
-        if len(no) == 1:
-            return no[0]
-        return e if len(no) == len(args) else with_args(e, no)
+        return _without_unit(e, args, 1.0)
     if o == "^" and len(args) == 2:
         b, x = args
         if _is_val(x, 0.0):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..calculus import context
-from ..calculus.bands import Ctx, _push_index, is_array_expr, place_subregion
+from ..calculus.bands import Ctx, push_index, aggregate_box, is_array_expr, place_subregion
 from ..calculus.inline import inline_observed, range_of, region_bound
 from ..errors import JacError
 from ..model.expr import AGG, Node, free_names, mul, node, op, substitute
@@ -104,27 +104,12 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
     else:
         # Elementwise over whole arrays: push the index inward.
         names = _names(shape)
-        body = _push_index(e, list(names), ctx)
+        body = push_index(e, list(names), ctx)
         out.append(([(1, n) for n in shape], names, mul(body, *scale)))
 
 
 def _aggregate(out: list, e: Node, ctx: Ctx, shape: tuple, scale: tuple) -> None:
-    oidx = list(e.attr("output_idx") or ())
-    if any(not isinstance(x, str) for x in oidx):
-        raise JacError("unsupported_construct", "singleton `1` output_idx entries are not compiled")
-    if e.attr("filter") is not None or e.attr("join") or e.attr("key") is not None or e.attr("arg"):
-        raise JacError("unsupported_construct", "filtered, joined, keyed or arg aggregates are not compiled")
-    if e.attr("reduce") not in (None, "+") or e.attr("semiring") not in (None, "sum_product"):
-        raise JacError("unsupported_construct", "only `+` reductions are compiled")
-    ranges = dict(e.attr("ranges") or ())
-    rows = []
-    for k, n in enumerate(oidx):
-        if n in ranges:
-            rows.append(range_of(ranges[n], ctx.index_sets))
-        elif k < len(shape):
-            rows.append((1, shape[k]))
-        else:
-            raise JacError("unsupported_construct", f"output index `{n}` has no range")
+    oidx, rows, ranges = aggregate_box(e, ctx, shape)
     contracted = {n: list(range_of(r, ctx.index_sets)) for n, r in ranges.items() if n not in oidx}
     body = e.body
     if contracted:

@@ -341,17 +341,20 @@ def _canon_num(x: Any) -> Any:
     return x
 
 
+def _leaf(x):
+    """A boolean, number or name leaf in canonical form (bool → int)."""
+    if isinstance(x, bool):
+        return int(x)
+    return x if isinstance(x, str) else _canon_num(x)
+
+
 def from_ast(e: Any) -> Expr:
     """Convert an ``earthsci_ast`` expression (ExprNode / str / number)."""
     from earthsci_ast.esm_types import ExprNode  # the boundary type
     import dataclasses
 
-    if isinstance(e, bool):
-        return int(e)
-    if isinstance(e, (int, float)):
-        return _canon_num(e)
-    if isinstance(e, str):
-        return e
+    if isinstance(e, (bool, int, float, str)):
+        return _leaf(e)
     if not isinstance(e, ExprNode):
         raise TypeError(f"not an expression: {e!r}")
     fields: dict = {}
@@ -399,12 +402,8 @@ def to_wire(e: Expr, agg_spelling: str = "aggregate") -> Any:
 
 def from_wire(d: Any) -> Expr:
     """Inverse of :func:`to_wire` (also accepts raw ``.esm`` JSON expressions)."""
-    if isinstance(d, bool):
-        return int(d)
-    if isinstance(d, (int, float)):
-        return _canon_num(d)
-    if isinstance(d, str):
-        return d
+    if isinstance(d, (bool, int, float, str)):
+        return _leaf(d)
     if not isinstance(d, dict):
         raise TypeError(f"not a wire expression: {d!r}")
     fields = {}
