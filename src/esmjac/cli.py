@@ -11,12 +11,24 @@ from .errors import JacError
 __all__ = ["main"]
 
 
+_PROGRESS = {"auto": None, "on": True, "off": False}
+
+
+def _progress_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--progress", choices=list(_PROGRESS), default="auto",
+                   help="build progress on stderr: auto (a bar on a terminal, after 2 s; "
+                        "nothing in pipes), on (a bar, or one line per stage), off")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="an .esm document")
     p.add_argument("--model", default=None, help="model to differentiate (documents with several)")
     p.add_argument("--wrt", default="states", choices=["states", "parameters", "forcing", "time"])
     p.add_argument("--faq", action="store_true",
                    help="spell the array op `faq` (esm >= 1.1.0) instead of the reference's `aggregate`")
+    p.add_argument("--indent", type=int, default=None, metavar="N",
+                   help="pretty-print with N-space indentation (default: the compact, "
+                        "byte-deterministic form the goldens use)")
 
 
 def _bandset(args):
@@ -25,13 +37,22 @@ def _bandset(args):
                          {"agg_spelling": "faq" if args.faq else "aggregate"})
 
 
+def _emit_json(text: str, indent) -> None:
+    """The deterministic JSON as is (byte-identical to the goldens), or
+    re-indented for reading (same content, key order kept)."""
+    if indent is not None:
+        import json
+        text = json.dumps(json.loads(text), indent=indent, ensure_ascii=False)
+    sys.stdout.write(text + "\n")
+
+
 def cmd_bands(args) -> int:
-    sys.stdout.write(_bandset(args).entries_json() + "\n")
+    _emit_json(_bandset(args).entries_json(), args.indent)
     return 0
 
 
 def cmd_block(args) -> int:
-    sys.stdout.write(_bandset(args).block_json() + "\n")
+    _emit_json(_bandset(args).block_json(), args.indent)
     return 0
 
 
@@ -57,7 +78,7 @@ def cmd_check(args) -> int:
 def cmd_demo(args) -> int:
     """The main job on the bundled model: build, verify, summarise, solve."""
     from .demo import run_demo
-    return run_demo(cells=args.cells)
+    return run_demo(cells=args.cells, progress=_PROGRESS[args.progress])
 
 
 def cmd_spy(args) -> int:
@@ -73,17 +94,38 @@ def cmd_spy(args) -> int:
     from .layouts.types import Csr
     from .runtime.programs import JacobianProgram
     prog = JacobianProgram.build(args.file, args.model, wrt=args.wrt,
-                                 options={"progress": True, "allow_empty": args.wrt != "states"})
+                                 options={"progress": _PROGRESS[args.progress],
+                                          "allow_empty": args.wrt != "states"})
     plan = prog.plan(Csr())
     shape = tuple(plan.info["shape"])
     m = csr_array((np.ones(plan.indices.size), plan.indices, plan.indptr), shape=shape)
-    fig, ax = plt.subplots(figsize=(6, 6 * shape[0] / max(shape[1], 1) if shape[1] else 6))
-    ax.spy(m, markersize=max(0.5, min(4.0, 400.0 / max(shape))))
+    ratio = min(max(shape[0] / max(shape[1], 1), 0.5), 2.0)
+    fig, ax = plt.subplots(figsize=(7, 7 * ratio))
+    ax.spy(m, markersize=max(0.5, min(4.0, 400.0 / max(shape))), aspect="auto")
+    rows = _blocks(prog.layout, prog.layout.states)
+    cols = rows if args.wrt == "states" else _blocks(prog.layout, prog.col_vars)
+    for (ticks, labels, edges), axis, lines in ((rows, ax.yaxis, ax.axhline), (cols, ax.xaxis, ax.axvline)):
+        axis.set_ticks(ticks)
+        axis.set_ticklabels(labels, fontsize=max(4, min(8, 600 // max(len(labels), 1))))
+        for e in edges[1:-1]:
+            lines(e - 0.5, color="0.85", linewidth=0.4)
+    ax.tick_params(axis="x", labelrotation=90)
     ax.set_title(f"{prog.layout.model}: d f / d {args.wrt}  ({shape[0]}x{shape[1]}, nnz {m.nnz}, "
                  f"{prog.structure})", fontsize=9)
     fig.savefig(args.output, dpi=150, bbox_inches="tight")
     print(f"wrote {args.output} ({shape[0]}x{shape[1]}, {m.nnz} nonzeros)")
     return 0
+
+
+def _blocks(layout, names) -> tuple:
+    """(tick positions, labels, block edges) of variables laid out one block
+    each, in order (a cell program's species-major rows: each species' cells
+    together; a per-cell parameter takes a column per cell, a scalar one)."""
+    edges = [0]
+    for v in names:
+        edges.append(edges[-1] + (1 if v == "t" else layout.size(v)))
+    ticks = [(a + b - 1) / 2 for a, b in zip(edges, edges[1:])]
+    return ticks, [str(v) for v in names], edges
 
 
 def cmd_adapters(args) -> int:
@@ -103,9 +145,10 @@ def cmd_kernel(args) -> int:
     from .runtime.programs import JacobianProgram, RhsProgram
     opts = {"engine": args.engine, "allow_empty": True}
     if args.rhs:
-        prog = RhsProgram.build(args.file, args.model, options={**opts, "progress": True})
+        prog = RhsProgram.build(args.file, args.model, options={**opts, "progress": _PROGRESS[args.progress]})
     else:
-        prog = JacobianProgram.build(args.file, args.model, wrt=args.wrt, options={**opts, "progress": True})
+        prog = JacobianProgram.build(args.file, args.model, wrt=args.wrt,
+                                     options={**opts, "progress": _PROGRESS[args.progress]})
     if args.evaldoc:
         sys.stdout.write(prog.doc.to_json() + "\n")
     else:
@@ -158,7 +201,8 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--hi", type=float, default=None)
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("demo", help="build, verify and solve the bundled example model (analytic vs FD)")
-    p.add_argument("--cells", type=int, default=48, help="grid cells of the solve (default 48)")
+    p.add_argument("--cells", type=int, default=48, help="grid cells of the solve (default 48, at most 1000)")
+    _progress_arg(p)
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("kernel", help="print the generated kernel source (or tape) of a model")
     p.add_argument("file")
@@ -167,12 +211,14 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--rhs", action="store_true", help="the right-hand side instead of a Jacobian")
     p.add_argument("--engine", default="auto", choices=["auto", "codegen", "tape"])
     p.add_argument("--evaldoc", action="store_true", help="print the evaluation document instead")
+    _progress_arg(p)
     p.set_defaults(fn=cmd_kernel)
     p = sub.add_parser("spy", help="draw the sparsity pattern (needs matplotlib: esmjac[plot])")
     p.add_argument("file")
     p.add_argument("--model", default=None)
     p.add_argument("--wrt", default="states", choices=["states", "parameters", "forcing", "time"])
-    p.add_argument("-o", "--output", default="pattern.png")
+    p.add_argument("-o", "--output", required=True, help="the image to write (png, svg, pdf...)")
+    _progress_arg(p)
     p.set_defaults(fn=cmd_spy)
     p = sub.add_parser("adapters", help="list the installed solver adapters and the kinds they provide")
     p.set_defaults(fn=cmd_adapters)
@@ -180,9 +226,18 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--bench-dir", default=None, help="the checkout's benchmarks/ folder (default ./benchmarks)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for benchmarks/run.py (--quick, --only ...)")
     p.set_defaults(fn=cmd_bench)
+    ap.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
     except JacError as exc:
-        print(f"esmjac: error [{exc.code}]: {exc}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"esmjac: error [{exc.code}]: {exc.message}", file=sys.stderr)
         return 2
+    except Exception as exc:        # never a bare traceback: --debug shows it
+        if args.debug:
+            raise
+        print(f"esmjac: error [internal_error]: {type(exc).__name__}: {exc} (rerun with --debug for "
+              "the traceback)", file=sys.stderr)
+        return 3

@@ -18,10 +18,13 @@ site only names the code. ``str(exc)`` is the message; the code is
 """
 from __future__ import annotations
 
-__all__ = ["JacError", "CODES", "LoadError", "ModelNotFound", "AmbiguousModel",
-           "Underivable", "Unsupported", "InlineError", "EmptyBands", "BadOption", "BadArgument",
-           "UnresolvableColumn", "ForeignLayout", "NonuniformPattern", "EvaluationError",
-           "AdapterUnavailable", "CacheError", "error_class"]
+import functools
+from typing import Any, Callable
+
+__all__ = ["JacError", "CODES", "typed_errors", "error_class", "LoadError", "ModelNotFound",
+           "AmbiguousModel", "Underivable", "Unsupported", "InlineError", "EmptyBands", "BadOption",
+           "BadArgument", "UnresolvableColumn", "ForeignLayout", "NonuniformPattern", "EvaluationError",
+           "InvalidDocument", "CacheError", "InternalError", "AdapterUnavailable"]
 
 #: Stable error codes and what each means.
 CODES: dict[str, str] = {
@@ -38,8 +41,10 @@ CODES: dict[str, str] = {
     "foreign_layout": "a plan or workspace from a different build",
     "nonuniform_pattern": "a per-cell pattern differs between cells",
     "evaluation_error": "a coefficient could not be evaluated at a point",
+    "invalid_document": "a loaded document describes an invalid model (the message names the equation or variable)",
+    "cache_error": "the on-disk cache folder cannot be used (the message names the path and the fix)",
+    "internal_error": "an unexpected failure inside esmjac (a bug: report it with the traceback, `--debug`)",
     "adapter_unavailable": "the solver adapter for a kind is installed but cannot be used here",
-    "cache_error": "a cached build artefact is unreadable, corrupt or fails verification",
 }
 
 _CLASSES: dict = {}
@@ -157,3 +162,32 @@ class AdapterUnavailable(JacError, ImportError):
 
 class CacheError(JacError, OSError):
     code = "cache_error"
+
+
+class InvalidDocument(JacError, ValueError):
+    code = "invalid_document"
+
+
+class InternalError(JacError, RuntimeError):
+    code = "internal_error"
+
+def typed_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a public entry point (build, assemble, check) so that every
+    exception leaving it is a :class:`JacError`: refusals pass through, an
+    exhausted resource or anything unexpected becomes ``internal_error``
+    naming what failed (the original stays attached as ``__cause__``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except JacError:
+            raise
+        except MemoryError as exc:
+            raise JacError("internal_error", f"{fn.__qualname__} ran out of memory ({exc or 'MemoryError'}); "
+                           "the model is too large for this machine") from exc
+        except Exception as exc:
+            raise JacError("internal_error", f"{fn.__qualname__} failed unexpectedly: "
+                           f"{type(exc).__name__}: {exc}") from exc
+
+    return wrapper

@@ -236,6 +236,8 @@ class RosenbrockLeaf:
         self._scratch: dict = {}
         self._pool = None
         self._lock = threading.Lock()
+        self._sens: dict = {}
+        self.source, self.model, self.options = None, None, None
 
     # -- argument handling (all in Python, before compiled code) ------------
     def _params(self, p) -> np.ndarray:
@@ -450,6 +452,9 @@ class RosenbrockLeaf:
         ``stats.failed``; other lanes are unaffected. Raises
         :class:`~esmjac.errors.JacError` only for bad arguments.
         """
+        return self._advance(u, t0, dt, forcing, out, h0, None)
+
+    def _advance(self, u, t0, dt, forcing, out, h0, records) -> LeafStats:
         self._check_state("u", u, out is None)
         L = self.lanes_of(u)
         if out is None:
@@ -479,8 +484,14 @@ class RosenbrockLeaf:
             args = (u, out, L)
             rest = (t0, tend, h0, fz, fcall, cix, self.atol, self.rtol, self.max_steps,
                     self.max_rejects, self.clip_negative, stats)
-            if out is not u:
-                pass
+            if records is not None:
+                if fcall is not None:
+                    raise JacError("bad_option", "sensitivities need forcing constant over the step "
+                                   "(an array or dict), not a callable")
+                for st, (a, c) in zip(steppers, blocks):
+                    self._run_one(st, args, (a, c), rest + (records,))
+                records.append((None if fz is None else np.array(fz), cix))
+                return stats
             if len(blocks) == 1:
                 self._run_one(steppers[0], args, blocks[0], rest)
             else:
@@ -592,6 +603,112 @@ class RosenbrockLeaf:
                             tot.message, tt["nsteps"], tt["naccept"], tt["nreject"], tt["nfev"],
                             tt["njev"], tt["nsteps"])
 
+    # -- sensitivities ---------------------------------------------------------
+    def with_params(self, p) -> "RosenbrockLeaf":
+        """A leaf sharing this one's programs with other parameter values."""
+        other = RosenbrockLeaf(self.rhs_program, self.jac_program, self.plan, p, self.forcing,
+                               method=self.method, rtol=self.rtol, atol=self.atol, step=self.step,
+                               threads=self.threads, compact=self.compact,
+                               clip_negative=self.clip_negative, max_steps=self.max_steps,
+                               max_rejects=self.max_rejects, h0=self.h0)
+        other.source, other.model, other.options = self.source, self.model, self.options
+        return other
+
+    def _sensitivities(self, wrt_parameters: bool):
+        from ._sensitivity import Sensitivities
+        if wrt_parameters and self.source is None:
+            raise JacError("bad_option", "parameter sensitivities need a leaf built by rosenbrock(source)")
+        key = bool(wrt_parameters)
+        sens = self._sens.get(key)
+        if sens is None:
+            sens = self._sens[key] = Sensitivities(self, key)
+        return sens
+
+    @property
+    def parameter_columns(self) -> tuple:
+        """Names of the parameter gradient's entries (``wrt="parameters"``
+        columns: per-cell ones, e.g. photolysis scalings, then scalars)."""
+        jp = self._sensitivities(True).jp
+        return tuple(jp.meta["lane_vars"]) + tuple(jp.meta["glob_vars"])
+
+    def _unpack_params(self, gp, L) -> dict:
+        jp = self._sensitivities(True).jp
+        nl = int(jp.meta["n_lane_cols"])
+        out = {v: gp[i * L:(i + 1) * L].copy() for i, v in enumerate(jp.meta["lane_vars"])}
+        out.update({v: float(gp[nl * L + i]) for i, v in enumerate(jp.meta["glob_vars"])})
+        return out
+
+    def gradient(self, u0: np.ndarray, t0: float, dt: float, dphi, forcing=None, *,
+                 wrt: str | Sequence[str] = ("state", "parameters")):
+        """Discrete adjoint: ∂φ/∂u0 and ∂φ/∂p for ``φ`` a scalar function of
+        the state at ``t0 + dt`` (KPP's adjoint, Sandu et al. 2003).
+
+        ``dphi``: ``∂φ/∂y(t0+dt)`` as an array like ``u0``, or a callable
+        ``dphi(y_final) -> array``. ``forcing`` must be constant over the
+        step. Returns ``(y_final, grad_u0, grad_p, stats)``: ``grad_u0`` like
+        ``u0``; ``grad_p`` a dict over :attr:`parameter_columns` — per-cell
+        columns per lane, scalar parameters summed over lanes (φ sums over
+        lanes) — or None without ``"parameters"`` in ``wrt``. Step sizes are
+        those of the forward solve (frozen), so this is the exact gradient of
+        the computed solution up to the dependence of the step-size control
+        on the state.
+        """
+        wrt = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        bad = [w for w in wrt if w not in ("state", "parameters")]
+        if bad or not wrt:
+            raise JacError("bad_option", f"wrt must name 'state' and/or 'parameters', got {wrt!r}")
+        self._check_state("u0", u0, False)
+        L = self.lanes_of(u0)
+        y = u0.copy()
+        records: list = []
+        stats = self._advance(y, t0, dt, forcing, None, None, records)
+        fz, cix = records.pop()
+        lam = np.array(dphi(y.copy()) if callable(dphi) else dphi, dtype=np.float64).reshape(-1)
+        if lam.shape != y.shape or not np.all(np.isfinite(lam)):
+            raise JacError("bad_argument", f"dphi must give {y.size} finite values (like u0)")
+        sens = self._sensitivities("parameters" in wrt)
+        gp = np.zeros(sens.jp.col_size(L)) if sens.jp is not None else None
+        lam = np.ascontiguousarray(lam)
+        with numba_threads(1):
+            sens.adjoint(records, lam, fz if fz is not None else np.zeros(1), cix, L, gp)
+        return y, lam, (self._unpack_params(gp, L) if gp is not None else None), stats
+
+    def tangent(self, u0: np.ndarray, t0: float, dt: float, du0=None, dp: Mapping | None = None,
+                forcing=None):
+        """Tangent-linear model: the directional derivative of the state at
+        ``t0 + dt`` along ``du0`` (like ``u0``; None = 0) and ``dp`` (a dict
+        over :attr:`parameter_columns`: a number, or per lane for per-cell
+        columns). Returns ``(y_final, dy_final, stats)``."""
+        self._check_state("u0", u0, False)
+        L = self.lanes_of(u0)
+        y = u0.copy()
+        records: list = []
+        stats = self._advance(y, t0, dt, forcing, None, None, records)
+        fz, cix = records.pop()
+        dy = np.zeros_like(y) if du0 is None else np.array(du0, dtype=np.float64).reshape(-1)
+        if dy.shape != y.shape:
+            raise JacError("bad_argument", f"du0 must have {y.size} values (like u0)")
+        sens = self._sensitivities(dp is not None)
+        dpv = None
+        if dp is not None:
+            jp = sens.jp
+            nl = int(jp.meta["n_lane_cols"])
+            dpv = np.zeros(jp.col_size(L))
+            lane_vars, glob_vars = list(jp.meta["lane_vars"]), list(jp.meta["glob_vars"])
+            for k, v in dp.items():
+                if k in lane_vars:
+                    i = lane_vars.index(k)
+                    dpv[i * L:(i + 1) * L] = np.broadcast_to(np.asarray(v, dtype=np.float64), (L,))
+                elif k in glob_vars:
+                    dpv[nl * L + glob_vars.index(k)] = float(v)
+                else:
+                    raise JacError("unresolvable_column", f"unknown parameter column {k!r}; "
+                                   f"columns: {', '.join(lane_vars + glob_vars)}")
+        dy = np.ascontiguousarray(dy)
+        with numba_threads(1):
+            sens.tangent(records, dy, dpv, fz if fz is not None else np.zeros(1), cix, L)
+        return y, dy, stats
+
     def close(self) -> None:
         """Stop the worker threads (they also stop when the leaf is collected)."""
         if self._pool is not None:
@@ -646,6 +763,8 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                        "this model's right-hand side uses t explicitly; the leaf steps lanes at different "
                        "times, so pass time-dependent inputs as forcing fields (forcing=callable(t, lanes))")
     plan = jac.plan(LaneSparseBlocks(), source=rhs)
-    return RosenbrockLeaf(rhs, jac, plan, p, forcing, method=method, rtol=rtol, atol=atol, step=step,
+    leaf = RosenbrockLeaf(rhs, jac, plan, p, forcing, method=method, rtol=rtol, atol=atol, step=step,
                           threads=threads, compact=compact, clip_negative=clip_negative,
                           max_steps=max_steps, max_rejects=max_rejects, h0=h0)
+    leaf.source, leaf.model, leaf.options = source, model, options
+    return leaf

@@ -12,7 +12,7 @@ from typing import Any
 from ..model.deep import run_deep
 from . import WRT, jacobian_bands
 from .emit import block_dict, entries_json
-from ..errors import JacError
+from ..errors import JacError, typed_errors
 from ..model.expr import stable_json
 from ..model.load import SystemView, load_view
 from .structure import detect_structure
@@ -49,6 +49,7 @@ class BandSet:
     options: dict
 
     @classmethod
+    @typed_errors
     def build(cls, source: Any, model: str | None = None, wrt: str = "states",
               options: dict | None = None) -> "BandSet":
         if wrt not in WRT:

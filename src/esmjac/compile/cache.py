@@ -1,56 +1,181 @@
-"""The on-disk kernel cache: generated modules stored by content hash.
+"""The on-disk cache: generated kernel modules and whole build products,
+each verified on every read.
 
-Numba cannot cache functions compiled from ``exec``'d strings, so each
-generated module is written once to ``<cache>/k<sha256>.py`` and imported
-from there; ``cache=True`` then keeps Numba's compiled code beside it. The
-hash covers the generated source (which spells out model, layout and
-dtype-independent code) and the esmjac and Numba versions. The folder is
-``$ESMJAC_CACHE_DIR``, else ``~/.cache/esmjac``.
+Nothing read back from the cache folder is trusted:
+
+* **Kernel modules** ``k<hash>.py``: the key is the content hash of the
+  generated source, which the caller always holds in memory; the file on
+  disk is compared with it byte for byte before it is imported, and
+  rewritten when it differs (a logged cache miss). A module is registered in
+  ``sys.modules`` only once ``exec_module`` has finished, under a lock, so
+  concurrent first calls and builds never see a half-executed module.
+* **Build products** ``b<key>.json`` + ``b<key>.npz``: plain JSON and a
+  NumPy archive read with ``allow_pickle=False`` — a data format that cannot
+  execute code, so a cache folder shared between users or jobs cannot run
+  anything. Only whitelisted dataclasses, expression nodes, containers,
+  numbers and non-object arrays decode. Every file has its SHA-256 beside it
+  (``*.sha256``) and the JSON names its own key, so a truncated, edited or
+  copied-over entry is a logged cache miss followed by a rebuild, never an
+  error that persists. Generated source is never stored in a product: the
+  caller regenerates it (cheap) from the decoded evaluation document.
+* **The key** (:func:`document_key`) covers every file a document pulls in
+  (``ref`` mounts, subsystems, template and coupling libraries, found by
+  walking the JSON), the esmjac and Numba versions, and a hash of the whole
+  esmjac source folder (:func:`code_version`).
+
+What stays trusted: Numba's own cache files (``cache=True`` writes pickled
+index files beside each kernel module). They are read only from a cache
+folder owned by the current user and not writable by group or others; any
+other folder gets its kernels compiled in a private temporary folder for the
+process (a warning says so). A corrupt Numba index is caught at the first
+call (:func:`numba_cache_failure`), purged and recompiled.
+
+Environment failures (the path is a file, no permission, the folder deleted
+during a build) are :class:`~esmjac.errors.JacError` ``cache_error`` naming
+the path and what to do; a read-only folder falls back to building in a
+private temporary folder with a warning. The folder is ``$ESMJAC_CACHE_DIR``,
+else ``~/.cache/esmjac``.
 """
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import hashlib
 import importlib.util
+import io
+import json
+import logging
+import math
 import os
+import shutil
+import stat
 import sys
 import tempfile
+import threading
+import time
+import warnings
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from .._frozen import FrozenMap
 from .._version import __version__
+from ..errors import JacError
 
-__all__ = ["cache_dir", "content_hash", "load_source"]
+__all__ = ["cache_dir", "content_hash", "load_source", "code_version", "document_key",
+           "dependency_files", "store_product", "load_product", "numba_cache_failure",
+           "purge_numba_cache"]
+
+log = logging.getLogger("esmjac.cache")
+
+_LOCK = threading.RLock()     # module loading, folder set-up and product files
+_CODE: list = []
+_LOADED: dict = {}            # (cache folder, module name) → fully executed module
+_PRIVATE: list = []           # this process's private fallback folder (created lazily)
+_WARNED: set = set()
+PRODUCT_FORMAT = 1
 
 
-def cache_dir() -> Path:
+# ------------------------------------------------------------------ folders
+
+def _configured() -> Path:
     d = os.environ.get("ESMJAC_CACHE_DIR")
-    p = Path(d) if d else Path.home() / ".cache" / "esmjac"
-    p.mkdir(parents=True, exist_ok=True)
+    return Path(d) if d else Path.home() / ".cache" / "esmjac"
+
+
+def _warn_once(tag: str, msg: str) -> None:
+    if tag not in _WARNED:
+        _WARNED.add(tag)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        log.warning(msg)
+
+
+def _private_dir() -> Path:
+    """A process-private folder (removed at exit): the in-memory fallback."""
+    with _LOCK:
+        if not _PRIVATE:
+            d = Path(tempfile.mkdtemp(prefix="esmjac-private-"))
+            atexit.register(shutil.rmtree, d, True)
+            _PRIVATE.append(d)
+        return _PRIVATE[0]
+
+
+def _usable(p: Path) -> Path | None:
+    """``p`` created if needed and writable, else None (with a warning);
+    ``cache_error`` when the configuration itself is wrong."""
+    try:
+        if p.exists() and not p.is_dir():
+            raise JacError("cache_error",
+                           f"the cache path {p} exists and is not a folder; set ESMJAC_CACHE_DIR to a "
+                           "folder (or remove the file)")
+        p.mkdir(parents=True, exist_ok=True)
+    except JacError:
+        raise
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise JacError("cache_error", f"the cache path {p} (or a parent) is a file, not a folder; set "
+                       "ESMJAC_CACHE_DIR to a folder") from exc
+    except OSError as exc:
+        _warn_once(f"mkdir:{p}", f"esmjac cannot create its cache folder {p} ({exc.strerror or exc}); "
+                   "building in memory for this process. Set ESMJAC_CACHE_DIR to a writable folder "
+                   "to reuse builds.")
+        return None
+    if not os.access(p, os.W_OK | os.X_OK):
+        _warn_once(f"ro:{p}", f"the esmjac cache folder {p} is read-only; building in memory for this "
+                   "process. Set ESMJAC_CACHE_DIR to a writable folder to reuse builds.")
+        return None
     return p
 
 
-_CODE: list = []
-_LOADED: dict = {}
+def cache_dir() -> Path:
+    """The cache folder for build products (a private temporary folder when
+    the configured one is read-only; see the module docstring)."""
+    return _usable(_configured()) or _private_dir()
 
+
+def _owned_privately(p: Path) -> bool:
+    try:
+        st = p.stat()
+    except OSError:
+        return False
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return False
+    return not (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def kernel_dir() -> Path:
+    """Where kernel modules (and so Numba's pickled cache files) live: the
+    cache folder when only this user can write to it, else a private one."""
+    p = cache_dir()
+    if p in _PRIVATE or _owned_privately(p):
+        return p
+    _warn_once(f"shared:{p}", f"the esmjac cache folder {p} is writable by other users (or not yours); "
+               "its build products are used (they are verified data), but kernels are compiled in a "
+               "private folder for this process, since Numba's cache files are pickles")
+    return _private_dir()
+
+
+# ------------------------------------------------------------------ hashes
 
 def code_version() -> str:
-    """Hash of the esmjac source files that shape a build product: a build
-    cached by an older esmjac (even an unreleased edit) is never reused.
-    Adapters, integrators and the command line do not count."""
+    """Hash of every file of the installed esmjac source folder (``.py`` and
+    bundled data; compiled bytecode excluded): a build cached by any other
+    esmjac, even an unreleased edit, is never reused."""
     if not _CODE:
         h = hashlib.sha256()
         root = Path(__file__).resolve().parent.parent
-        skip = ("adapters/", "integrators/", "cli.py", "demo.py", "bench.py", "plugins.py",
-                "hookspecs.py", "check.py", "goldens.py", "__main__.py")
-        for p in sorted(root.rglob("*.py")):
-            if p.relative_to(root).as_posix().startswith(skip):
+        for p in sorted(root.rglob("*")):
+            if not p.is_file() or "__pycache__" in p.parts or p.suffix in (".pyc", ".pyo"):
                 continue
-            h.update(p.relative_to(root).as_posix().encode())
+            h.update(p.relative_to(root).as_posix().encode() + b"\0")
             h.update(p.read_bytes())
-        _CODE.append(h.hexdigest()[:16])
+            h.update(b"\0")
+        _CODE.append(h.hexdigest()[:24])
     return _CODE[0]
 
 
 def content_hash(*parts: str) -> str:
+    """SHA-256 over ``parts`` and the esmjac/Numba/code versions."""
     import numba
 
     h = hashlib.sha256()
@@ -60,25 +185,474 @@ def content_hash(*parts: str) -> str:
     return h.hexdigest()
 
 
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ------------------------------------------------------------------ documents
+
+def _expand_ref(ref: str) -> str:
+    try:
+        from earthsci_ast.json_walk import expand_ref_env
+        return expand_ref_env(ref)
+    except ImportError:         # pragma: no cover - earthsci-ast is a dependency
+        return ref
+
+
+def _refs(obj: Any) -> list:
+    """Every string ``ref`` value in a JSON tree (iterative: documents nest deeply)."""
+    out, stack = [], [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            r = x.get("ref")
+            if isinstance(r, str):
+                out.append(r)
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return out
+
+
+def dependency_files(doc: Any, base: Path) -> list | None:
+    """``[(path, sha256)]`` of every local file ``doc`` pulls in through a
+    ``ref`` (recursively, each relative to the file that names it), or None
+    when a ref is a URL (remote content cannot be keyed: no caching)."""
+    seen: dict = {}
+    todo = [(doc, base)]
+    while todo:
+        d, b = todo.pop()
+        for ref in _refs(d):
+            ref = _expand_ref(ref)
+            if "://" in ref:
+                return None
+            p = Path(os.path.normpath(os.path.join(str(b), ref)))
+            key = str(p.resolve()) if p.exists() else str(p)
+            if key in seen:
+                continue
+            try:
+                data = p.read_bytes() if p.is_file() else None
+            except OSError:
+                data = None
+            seen[key] = _sha(data) if data is not None else "missing"
+            if data is not None:
+                try:
+                    todo.append((json.loads(data), p.parent))
+                except ValueError:
+                    pass            # not JSON: hashed, nothing further to follow
+    return sorted(seen.items())
+
+
+def document_key(source: Any, *extra: str) -> tuple | None:
+    """(content key, dependency list) of a document given as a path, JSON
+    text or dict, or None when it cannot be keyed (a live object, a URL
+    ref). The key covers the document, every file it pulls in, ``extra``
+    and the esmjac/Numba/code versions."""
+    if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
+        p = Path(source)
+        try:
+            data = p.read_bytes()
+        except OSError:
+            return None
+        base = p.resolve().parent
+    elif isinstance(source, str):
+        data, base = source.encode(), Path.cwd()
+    elif isinstance(source, dict):
+        try:
+            data = json.dumps(source, sort_keys=True, allow_nan=True).encode()
+        except (TypeError, ValueError):
+            return None
+        base = Path.cwd()
+    else:
+        return None
+    try:
+        tree = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        tree = None                 # not JSON: the build will say why; no refs to follow
+    deps = dependency_files(tree, base) if tree is not None else []
+    if deps is None:
+        return None
+    parts = [_sha(data)] + [f"{p}={h}" for p, h in deps] + list(extra)
+    return content_hash(*parts), deps
+
+
+# ------------------------------------------------------------------ files
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)       # atomic: concurrent writers agree on one complete file
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_verified(path: Path, data: bytes) -> None:
+    """``path`` and its ``.sha256`` beside it (hash written last)."""
+    _write_atomic(path, data)
+    _write_atomic(path.with_name(path.name + ".sha256"), _sha(data).encode())
+
+
+def _read_verified(path: Path) -> bytes | None:
+    """The bytes of ``path`` if its stored hash matches, else None (and the
+    entry is removed: a corrupt file is a cache miss, never a lasting error)."""
+    side = path.with_name(path.name + ".sha256")
+    try:
+        data = path.read_bytes()
+        want = side.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("esmjac cache: cannot read %s (%s); rebuilding", path, exc)
+        return None
+    if _sha(data) != want:
+        time.sleep(0.05)            # a concurrent writer may be between the file and its hash
+        try:
+            data, want = path.read_bytes(), side.read_text().strip()
+        except OSError:
+            return None
+    if _sha(data) != want:
+        log.warning("esmjac cache: %s does not match its stored hash; discarding it and rebuilding", path)
+        _remove(path, side)
+        return None
+    return data
+
+
+def _remove(*paths: Path) -> None:
+    for p in paths:
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------ kernel modules
+
 def load_source(source: str, key: str | None = None):
-    """Import ``source`` as a module stored under its content hash."""
+    """Import ``source`` as a module stored under its content hash.
+
+    The file on disk must equal ``source`` byte for byte (else it is
+    rewritten); the module enters ``sys.modules`` only after it has fully
+    executed (Numba's cache needs it there before the first call compiles)."""
     key = key or content_hash(source)
     modname = f"esmjac_k{key[:40]}"
     memo = (os.environ.get("ESMJAC_CACHE_DIR"), modname)
     mod = _LOADED.get(memo)
-    if mod is not None:          # the per-call path: no file-system access
+    if mod is not None:          # the per-call path: no file-system access, no lock
         return mod
-    path = cache_dir() / f"k{key[:40]}.py"
-    if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, path)          # atomic: concurrent builders agree
-    mod = sys.modules.get(modname)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(modname, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[modname] = mod
-        spec.loader.exec_module(mod)
-    _LOADED[memo] = mod
-    return mod
+    with _LOCK:
+        mod = _LOADED.get(memo)
+        if mod is not None:
+            return mod
+        path = _kernel_file(source, key)
+        mod = sys.modules.get(modname)
+        if mod is None:
+            spec = importlib.util.spec_from_file_location(modname, path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            sys.modules[modname] = mod
+        _LOADED[memo] = mod
+        return mod
+
+
+def _kernel_file(source: str, key: str) -> Path:
+    data = source.encode()
+    for attempt in range(2):
+        d = kernel_dir() if attempt == 0 else _private_dir()
+        path = d / f"k{key[:40]}.py"
+        try:
+            if path.exists():
+                if path.read_bytes() == data:
+                    return path
+                log.warning("esmjac cache: %s differs from the generated source; rewriting it", path)
+                purge_numba_cache(path)
+            _write_atomic(path, data)
+            return path
+        except OSError as exc:
+            if attempt:
+                raise JacError("cache_error", f"cannot write the kernel module {path}: {exc}; set "
+                               "ESMJAC_CACHE_DIR to a writable folder") from exc
+            _warn_once(f"write:{d}", f"esmjac cannot write to its cache folder {d} ({exc}); "
+                       "building in memory for this process")
+    raise AssertionError("unreachable")
+
+
+def purge_numba_cache(module_file: Path) -> None:
+    """Remove Numba's cache files of one kernel module (index and data)."""
+    pyc = module_file.parent / "__pycache__"
+    stem = module_file.stem + "."
+    try:
+        for f in pyc.iterdir():
+            if f.name.startswith(stem) and f.suffix in (".nbi", ".nbc"):
+                _remove(f)
+    except OSError:
+        pass
+
+
+def numba_cache_failure(exc: BaseException):
+    """The Numba dispatcher whose on-disk cache failed to load in ``exc``
+    (an unreadable or tampered index/data file), else None."""
+    tb = exc.__traceback__
+    disp, in_cache = None, False
+    while tb is not None:
+        fr = tb.tb_frame
+        fn = fr.f_code.co_filename.replace("\\", "/")
+        if fn.endswith("numba/core/dispatcher.py") and disp is None:
+            s = fr.f_locals.get("self")
+            if s is not None and hasattr(s, "_cache"):
+                disp = s
+        if fn.endswith("numba/core/caching.py"):
+            in_cache = True
+        tb = tb.tb_next
+    return disp if in_cache else None
+
+
+def recover_numba_cache(exc: BaseException) -> bool:
+    """Purge the broken Numba cache entry named by ``exc``; True if it was one
+    (the caller then retries, and Numba recompiles)."""
+    disp = numba_cache_failure(exc)
+    if disp is None:
+        return False
+    log.warning("esmjac cache: Numba's cache for %s is unreadable (%s: %s); purging it and recompiling",
+                getattr(disp, "__name__", disp), type(exc).__name__, exc)
+    try:
+        c = disp._cache
+        path = Path(c._cache_path)
+        stem = Path(c._index_name).stem + "."
+        for f in path.iterdir():
+            if f.name.startswith(stem) and f.suffix in (".nbi", ".nbc"):
+                _remove(f)
+    except (AttributeError, OSError):
+        pass
+    return True
+
+
+# ------------------------------------------------------------------ products
+
+class _Unstorable(Exception):
+    """A value the product format does not represent (the build is then not cached)."""
+
+
+class _Corrupt(Exception):
+    """A stored product that does not decode (a cache miss)."""
+
+
+def _encode(obj: Any, types: dict, skip: dict) -> tuple:
+    """(JSON-ready tree, arrays) of ``obj`` (see module docstring)."""
+    from ..model.expr import Node, _FDict
+    arrays: list = []
+    nodes: list = []
+    ids: dict = {}
+    names = {cls: name for name, cls in types.items()}
+
+    def add_nodes(root) -> None:            # iterative post-order: children get ids first
+        stack = [(root, False)]
+        while stack:
+            x, done = stack.pop()
+            if not isinstance(x, Node) or id(x) in ids:
+                continue
+            if done:
+                ids[id(x)] = len(nodes)
+                nodes.append([x.op, enc(x.args), enc(x.body), enc(x.extra)])
+                continue
+            stack.append((x, True))
+            from ..model.expr import iter_children
+            for c in iter_children(x):
+                if isinstance(c, Node) and id(c) not in ids:
+                    stack.append((c, False))
+
+    def enc(x):
+        if x is None or isinstance(x, (bool, str)):
+            return x
+        if isinstance(x, int) and type(x) is int:
+            return x
+        if isinstance(x, float) and type(x) is float:
+            return x if math.isfinite(x) else {"f": repr(x)}
+        if isinstance(x, Node):
+            if id(x) not in ids:
+                add_nodes(x)
+            return {"n": ids[id(x)]}
+        if isinstance(x, _FDict):
+            return {"fd": [[k, enc(v)] for k, v in x]}
+        if isinstance(x, FrozenMap):
+            return {"fm": [[enc(k), enc(v)] for k, v in x.items()]}
+        if isinstance(x, tuple):
+            return {"t": [enc(v) for v in x]}
+        if isinstance(x, list):
+            return [enc(v) for v in x]
+        if isinstance(x, dict):
+            return {"d": [[enc(k), enc(v)] for k, v in x.items()]}
+        if isinstance(x, frozenset):
+            return {"fs": [enc(v) for v in sorted(x, key=repr)]}
+        if isinstance(x, np.ndarray):
+            if x.dtype.hasobject or x.dtype.fields is not None:
+                raise _Unstorable(f"array of dtype {x.dtype}")
+            arrays.append(x)
+            return {"a": len(arrays) - 1, "w": bool(x.flags.writeable)}
+        if isinstance(x, np.generic):
+            return {"g": x.dtype.str, "v": enc(x.item())}
+        if isinstance(x, np.dtype):
+            return {"dt": x.str}
+        name = names.get(type(x))
+        if name is not None and dataclasses.is_dataclass(x):
+            omit = skip.get(name, ())
+            return {"c": name, "f": {f.name: enc(getattr(x, f.name))
+                                     for f in dataclasses.fields(x) if f.name not in omit}}
+        raise _Unstorable(f"a {type(x).__name__}")
+
+    body = enc(obj)
+    return {"nodes": nodes, "body": body}, arrays
+
+
+def _decode(tree: dict, arrays, types: dict) -> Any:
+    from ..model.expr import _FDict, node
+    built: list = []
+
+    def dec(x):
+        if x is None or isinstance(x, (bool, str, int, float)):
+            return x
+        if isinstance(x, list):
+            return [dec(v) for v in x]
+        if not isinstance(x, dict) or len(x) not in (1, 2):
+            raise _Corrupt("unexpected value")
+        if "n" in x:
+            i = x["n"]
+            if not isinstance(i, int) or not 0 <= i < len(built):
+                raise _Corrupt("node reference out of order")
+            return built[i]
+        if "t" in x:
+            return tuple(dec(v) for v in x["t"])
+        if "fd" in x:
+            return _FDict((str(k), dec(v)) for k, v in x["fd"])
+        if "fm" in x:
+            return FrozenMap((_key(dec(k)), dec(v)) for k, v in x["fm"])
+        if "d" in x:
+            return {_key(dec(k)): dec(v) for k, v in x["d"]}
+        if "fs" in x:
+            return frozenset(_key(dec(v)) for v in x["fs"])
+        if "f" in x and "c" not in x:
+            if x["f"] not in ("nan", "inf", "-inf"):
+                raise _Corrupt("bad float")
+            return float(x["f"])
+        if "a" in x:
+            a = arrays[f"a{int(x['a'])}"]
+            if a.dtype.hasobject:
+                raise _Corrupt("object array")
+            a = np.array(a)
+            a.flags.writeable = bool(x.get("w", False))
+            return a
+        if "g" in x:
+            dt = np.dtype(str(x["g"]))
+            if dt.hasobject:
+                raise _Corrupt("object scalar")
+            return dt.type(dec(x["v"]))
+        if "dt" in x:
+            dt = np.dtype(str(x["dt"]))
+            if dt.hasobject:
+                raise _Corrupt("object dtype")
+            return dt
+        if "c" in x:
+            cls = types.get(x["c"])
+            if cls is None:
+                raise _Corrupt(f"type {x['c']!r} is not a build product type")
+            vals = x["f"]
+            if not isinstance(vals, dict):
+                raise _Corrupt("bad fields")
+            known = {f.name: f for f in dataclasses.fields(cls)}
+            if set(vals) - set(known):
+                raise _Corrupt(f"unknown fields of {x['c']}")
+            obj = object.__new__(cls)
+            for name, f in known.items():
+                if name in vals:
+                    v = dec(vals[name])
+                elif f.default is not dataclasses.MISSING:
+                    v = f.default
+                elif f.default_factory is not dataclasses.MISSING:
+                    v = f.default_factory()
+                else:
+                    v = None                  # rebuilt by the caller
+                object.__setattr__(obj, name, v)
+            return obj
+        raise _Corrupt("unknown tag")
+
+    def _key(k):
+        if isinstance(k, list):
+            raise _Corrupt("unhashable key")
+        return k
+
+    for row in tree["nodes"]:
+        op, args, body, extra = row
+        if not isinstance(op, str):
+            raise _Corrupt("bad node")
+        built.append(node(op, dec(args), dec(body), **dict(dec(extra))))
+    return dec(tree["body"])
+
+
+def store_product(key: str, obj: Any, deps: list, types: dict, skip: dict | None = None) -> bool:
+    """Write ``obj`` under ``key`` (JSON + npz, hashes beside). False (and
+    nothing written) when ``obj`` holds something the format does not
+    represent, or the folder cannot be written (then a warning)."""
+    from ..model.deep import run_deep
+    try:
+        tree, arrays = run_deep(_encode, obj, types, skip or {})
+    except _Unstorable as exc:
+        log.info("esmjac cache: build product not stored (%s)", exc)
+        return False
+    buf = io.BytesIO()
+    np.savez(buf, **{f"a{i}": a for i, a in enumerate(arrays)})
+    npz = buf.getvalue()
+    doc = {"esmjac_product": PRODUCT_FORMAT, "key": key, "deps": deps, "npz": _sha(npz), **tree}
+    data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    d = cache_dir()
+    stem = d / f"b{key[:40]}"
+    try:
+        with _LOCK:
+            _write_verified(stem.with_suffix(".npz"), npz)
+            _write_verified(stem.with_suffix(".json"), data)
+    except FileNotFoundError:
+        _warn_once(f"gone:{d}", f"the esmjac cache folder {d} disappeared during a build; the result "
+                   "is used but not stored")
+        return False
+    except OSError as exc:
+        _warn_once(f"write:{d}", f"esmjac cannot write to its cache folder {d} ({exc}); the result is "
+                   "used but not stored")
+        return False
+    return True
+
+
+def load_product(key: str, types: dict) -> Any | None:
+    """The product stored under ``key``, or None (missing, corrupt, stale or
+    from another key: each a logged cache miss; corrupt files are removed)."""
+    from ..model.deep import run_deep
+    stem = cache_dir() / f"b{key[:40]}"
+    jpath, npath = stem.with_suffix(".json"), stem.with_suffix(".npz")
+    data = _read_verified(jpath)
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+        if doc.get("esmjac_product") != PRODUCT_FORMAT or doc.get("key") != key:
+            raise _Corrupt("written for another key or format")
+        for p, h in doc.get("deps", []):
+            cur = Path(p)
+            now = _sha(cur.read_bytes()) if cur.is_file() else "missing"
+            if now != h:
+                log.info("esmjac cache: %s changed since %s was stored; rebuilding", p, jpath.name)
+                return None
+        npz = _read_verified(npath)
+        if npz is None or _sha(npz) != doc.get("npz"):
+            raise _Corrupt("array file missing or mismatched")
+        with np.load(io.BytesIO(npz), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        return run_deep(_decode, doc, arrays, types)
+    except Exception as exc:        # any failure to decode is a miss, never a lasting error
+        log.warning("esmjac cache: discarding %s (%s: %s); rebuilding", jpath, type(exc).__name__, exc)
+        with _LOCK:
+            for p in (jpath, npath):
+                _remove(p, p.with_name(p.name + ".sha256"))
+        return None

@@ -425,10 +425,12 @@ class LaneStepper:
 
     # -- driver ---------------------------------------------------------------
     def run(self, u, out, L, lane0, c, t0, tend, h0, forcing, fcall, cix_full, atol, rtol,
-            max_steps, max_rejects, clip, st):
+            max_steps, max_rejects, clip, st, record=None):
         """Integrate lanes ``lane0 .. lane0+c-1`` of ``u`` (stride L) over
         [t0, tend], results into ``out`` (may be ``u``); per-lane stats in
-        ``st`` (arrays indexed by global lane)."""
+        ``st`` (arrays indexed by global lane). With ``record`` (a list), every
+        accepted step is appended as ``(lanes, y (n, k), h (k,))`` — the
+        trajectory the sensitivity replays need."""
         tab, lu = self.tab, self.lu
         n, S = self.n, tab.stages
         m = int(c)
@@ -501,6 +503,10 @@ class LaneStepper:
             _err_lanes(Y, Ynew, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, m, self.err)
             if self.shared:
                 _shared_max(self.err, m)
+            if record is not None:
+                acc = np.flatnonzero((self.bad[:m] < 0) & (self.err[:m] <= 1.0) & (self.done[:m] == 0))
+                if acc.size:
+                    record.append((idx[acc].copy(), Y[:n * m].reshape(n, m)[:, acc].copy(), hs[acc].copy()))
             ndone = _control(Y, Ynew, n, m, self.err, self.bad, self.J, lu.nnz, W, hs, self.last, t, h, tend, span,
                              self.rl, self.rm, self.crej, self.nonfin, self.done, idx, tab.elo,
                              max_steps, max_rejects, clip, nfev_step, st.status, st.nsteps,

@@ -43,7 +43,8 @@ import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads", "factor_lanes", "solve_lanes", "tiled_size"]
+__all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads", "factor_lanes", "solve_lanes",
+           "solve_transpose_lanes", "tiled_size"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
 #: that the partition — and hence every lane's arithmetic — never changes.
@@ -149,6 +150,50 @@ def _solve_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
         d = A[do:do + m]
         for l in range(m):
             bi[l] = bi[l] / d[l]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def solve_transpose_lanes(A, b, nnz, L, W, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                          bwd_ptr, bwd_slot, bwd_col):
+    """Solve ``(LU)ᵀ x = b`` in place for lanes ``0 .. L-1`` (the adjoint's
+    ``W⁻ᵀ``): ``Uᵀ y = b`` then ``Lᵀ x = y``, column-oriented over the same op
+    lists (scatter form), lanes fastest."""
+    l0 = 0
+    while l0 < L:
+        # blocks of at most 256 lanes that never cross a tile
+        m = min(256, L - l0, W - l0 % W)
+        _solve_t_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                       bwd_ptr, bwd_slot, bwd_col)
+        l0 += m
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _solve_t_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                   bwd_ptr, bwd_slot, bwd_col):
+    n = piv_slot.shape[0]
+    base = (l0 // W) * nnz * W + l0 % W
+    for i in range(n):                        # Uᵀ y = b: y_i final, then push to j > i
+        bi = b[i * L + l0:i * L + l0 + m]
+        do = base + piv_slot[i] * W
+        d = A[do:do + m]
+        for l in range(m):
+            bi[l] = bi[l] / d[l]
+        for p in range(bwd_ptr[i], bwd_ptr[i + 1]):
+            so = base + bwd_slot[p] * W
+            jo = bwd_col[p] * L + l0
+            a = A[so:so + m]
+            bj = b[jo:jo + m]
+            for l in range(m):
+                bj[l] -= a[l] * bi[l]
+    for i in range(n - 1, -1, -1):            # Lᵀ x = y (unit diagonal): push to j < i
+        bi = b[i * L + l0:i * L + l0 + m]
+        for p in range(fwd_ptr[i], fwd_ptr[i + 1]):
+            so = base + fwd_slot[p] * W
+            jo = fwd_col[p] * L + l0
+            a = A[so:so + m]
+            bj = b[jo:jo + m]
+            for l in range(m):
+                bj[l] -= a[l] * bi[l]
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

@@ -25,7 +25,7 @@ __all__ = [
     "Node", "Expr", "AGG", "node", "with_args", "lit", "op", "is_lit", "is_zero", "is_one",
     "add", "mul", "neg", "map_children", "iter_children", "walk",
     "free_names", "from_ast", "to_ast", "to_wire", "from_wire",
-    "stable_json", "format_float", "node_count", "substitute",
+    "stable_json", "format_float", "node_count", "substitute", "lhs_state",
 ]
 
 AGG = "aggregate"                     # internal tag for faq / aggregate
@@ -504,3 +504,20 @@ class _Raw:
 def _json_str(s: str) -> str:
     import json
     return json.dumps(s, ensure_ascii=False)
+
+
+def lhs_state(lhs) -> str | None:
+    """The state an equation integrates: ``D(u)``, ``D(u[i…])`` or the
+    pointwise-lifted ``aggregate{expr: D(index(u, …))}`` form."""
+    if not isinstance(lhs, Node):
+        return None
+    if lhs.op == AGG and isinstance(lhs.body, Node) and lhs.body.op == "D":
+        a = lhs.body.args[0]
+        if isinstance(a, Node) and a.op == "index" and isinstance(a.args[0], str):
+            return a.args[0]
+        return None
+    if lhs.op == "D" and (lhs.attr("wrt") in (None, "t")):
+        a = lhs.args[0]
+        if isinstance(a, str):
+            return a
+    return None

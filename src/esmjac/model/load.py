@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JacError
-from .expr import AGG, Node, from_ast
+from .expr import AGG, Node, from_ast, lhs_state
+from .validate import validate_view
 
 __all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state"]
 
@@ -95,23 +96,6 @@ def load_file(source: Any):
     raise JacError("load_error", f"cannot load a {type(source).__name__} as an .esm document")
 
 
-def lhs_state(lhs) -> str | None:
-    """The state an equation integrates: ``D(u)``, ``D(u[i…])`` or the
-    pointwise-lifted ``aggregate{expr: D(index(u, …))}`` form."""
-    if not isinstance(lhs, Node):
-        return None
-    if lhs.op == AGG and isinstance(lhs.body, Node) and lhs.body.op == "D":
-        a = lhs.body.args[0]
-        if isinstance(a, Node) and a.op == "index" and isinstance(a.args[0], str):
-            return a.args[0]
-        return None
-    if lhs.op == "D" and (lhs.attr("wrt") in (None, "t")):
-        a = lhs.args[0]
-        if isinstance(a, str):
-            return a
-    return None
-
-
 def _sizes(index_sets: dict) -> dict:
     out = {}
     for n, s in (index_sets or {}).items():
@@ -135,7 +119,14 @@ def _resolve_shape(shape, sizes: dict, name: str) -> tuple:
 
 
 def load_view(source: Any, model: str | None = None) -> SystemView:
-    """Load ``source`` and view the model to differentiate (see module doc)."""
+    """Load ``source`` and view the model to differentiate (see module doc);
+    malformed models are refused by :func:`esmjac.model.validate.validate_view`."""
+    view = _load_view(source, model)
+    validate_view(view)
+    return view
+
+
+def _load_view(source: Any, model: str | None = None) -> SystemView:
     from earthsci_ast.flatten import FlattenedSystem
 
     f = load_file(source)

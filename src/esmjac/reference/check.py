@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..calculus.bandset import BandSet
-from ..errors import JacError
+from ..errors import JacError, typed_errors
 from ..model.layout import element_names, ode_states, resolve_point
 from .oracle import assemble
 
@@ -127,6 +127,7 @@ def _reference_state(view, states: list) -> tuple:
     return np.concatenate(ref), np.concatenate(scale)
 
 
+@typed_errors
 def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0,
              rtol: float = 1e-5, lo: float | None = None, hi: float | None = None) -> FDReport:
     """Compare the assembled Jacobian with central differences of

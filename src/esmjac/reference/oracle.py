@@ -22,7 +22,7 @@ import numpy as np
 
 from ..calculus.bandset import BandSet
 from ..calculus.inline import inline_observed
-from ..errors import JacError
+from ..errors import JacError, typed_errors
 from ..model.deep import run_deep
 from ..model.evaluate import Decline, ev
 from ..model.expr import Node
@@ -128,6 +128,7 @@ def column_names(bs: BandSet) -> list:
     return element_names(view, ode_states(view))
 
 
+@typed_errors
 def assemble(source, *, model: str | None = None, wrt: str = "states",
              u: dict | None = None, p: dict | None = None, t: float = 0.0,
              options: dict | None = None) -> Assembled:

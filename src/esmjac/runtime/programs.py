@@ -16,29 +16,28 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import os
-import pickle
-import sys
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numba
 import numpy as np
 
 from .._frozen import FrozenMap, frozen_arrays, readonly
-from .._version import __version__
 from ..calculus.bandset import BandSet, check_options
-from ..compile.cache import cache_dir, code_version
+from ..calculus import JacEntry
+from ..calculus.bands import Band
+from ..compile.cache import document_key, load_product, store_product
 from ..compile.engine import ENGINE_OPTIONS, Kernel, compile_doc
-from ..compile.evaldoc import EvalDoc, jacobian_doc, rhs_doc
-from ..errors import JacError
+from ..compile.evaldoc import EvalDoc, Field, jacobian_doc, rhs_doc
+from ..errors import JacError, typed_errors
 from ..layouts.plans import ScatterPlan, build_plan, field_meta
 from ..model.deep import run_deep
 from ..model.layout import ModelLayout, default_vectors, element_names, model_layout
 from ..model.load import SystemView, load_view
+from . import checks as _checks
 from . import kernels as K
+from .progress import done, stage
 from .second import contract_at
 from .threads import one_thread, serial_below
 
@@ -50,31 +49,14 @@ PROGRAM_OPTIONS = {
     "backend": "numba",       # "numba" (the engine) or "numpy" (reference, explicit only)
     **ENGINE_OPTIONS,         # max_stmts, engine, tape_above (see compile.engine)
     "cache": True,            # reuse whole build products from the on-disk cache
-    "progress": False,        # print build stages to stderr
+    "progress": None,         # build stages: None = a bar on a terminal (runtime.progress), True, False
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
 # ------------------------------------------------------------------ helpers
 
-def _source_key(source: Any, model, extra: str) -> str | None:
-    """A content key of the input document, or None when not hashable."""
-    if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
-        try:
-            data = open(source, "rb").read()
-        except OSError:
-            return None
-    elif isinstance(source, str):
-        data = source.encode()
-    elif isinstance(source, dict):
-        data = json.dumps(source, sort_keys=True).encode()
-    else:
-        return None
-    return hashlib.sha256(data + f"\0{model}\0{extra}".encode()).hexdigest()
-
-
-def _stage(opts, msg: str, t0: float) -> None:
-    if opts.get("progress"):
-        print(f"[esmjac] {msg} ({time.perf_counter() - t0:.2f} s)", file=sys.stderr, flush=True)
+def _stage(opts, msg: str, t0: float, kind: str = "jac") -> None:
+    stage(opts, kind, msg, t0)
 
 
 def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
@@ -95,29 +77,12 @@ def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
     return out
 
 
-def _check_vec(name: str, x, n: int, dtype=None) -> np.ndarray:
-    if not isinstance(x, np.ndarray):
-        raise JacError("bad_argument", f"`{name}` must be a NumPy array, got {type(x).__name__}")
-    if x.ndim != 1:
-        raise JacError("bad_argument", f"`{name}` must be 1-D (flat lane layout), got shape {x.shape}")
-    if dtype is not None and x.dtype != dtype:
-        raise JacError("bad_argument", f"`{name}` has dtype {x.dtype}; this call needs {np.dtype(dtype)}")
-    if x.dtype not in _DTYPES:
-        raise JacError("bad_argument", f"`{name}` has dtype {x.dtype}; use float64 or float32")
-    if not x.flags.c_contiguous:
-        raise JacError("bad_argument", f"`{name}` is not contiguous; pass np.ascontiguousarray({name})")
-    if x.shape[0] != n:
-        raise JacError("bad_argument", f"`{name}` has length {x.shape[0]}; expected {n}")
-    return x
+def _check_vec(name: str, x, n: int, dtype=None, *, out: bool = False) -> np.ndarray:
+    return _checks.vector(name, x, n, dtype, out=out)
 
 
 def _params(p, n: int) -> np.ndarray:
-    if p is None:
-        raise JacError("bad_argument", "`p` is required (the program's parameter vector, see .param_names)")
-    a = np.ascontiguousarray(np.asarray(p, dtype=np.float64))
-    if a.ndim != 1 or a.shape[0] != n:
-        raise JacError("bad_argument", f"`p` must have {n} entries (scalar parameters in declaration order)")
-    return a
+    return _checks.params(p, n)
 
 
 # ------------------------------------------------------------------ common
@@ -179,25 +144,55 @@ class _Base:
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
-    """Whole-build cache: (key → pickled product) for hashable sources."""
-    key = None
+    """Whole-build cache (compile/cache.py): verified JSON + npz products
+    for keyable sources; kernels, index arrays and fingerprints are rebuilt
+    from the decoded document (:func:`_revive`), never read from disk."""
+    keyed = None
     if opts["cache"]:
-        key = _source_key(source, model, f"{code_version()}|{kind}|{wrt}|{opts['max_stmts']}|{opts['allow_empty']}|{opts['engine']}|{opts['tape_above']}|"
-                                         f"{__version__}|{numba.__version__}")
-    path = cache_dir() / f"b{key[:40]}.pkl" if key else None
-    if path is not None and path.exists():
-        try:
-            with open(path, "rb") as fh:
-                return pickle.load(fh)
-        except Exception:
-            pass
+        keyed = document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
+                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]))
+    if keyed is not None:
+        obj = load_product(keyed[0], _product_types())
+        if obj is not None:
+            try:
+                return _revive(obj, opts)
+            except Exception as exc:     # a product that does not revive is a miss
+                logging.getLogger("esmjac.cache").warning(
+                    "esmjac cache: stored build does not match its document (%s); rebuilding", exc)
     obj = make()
-    if path is not None:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+    if keyed is not None:
+        store_product(keyed[0], obj, keyed[1], _product_types(), _PRODUCT_SKIP)
     return obj
+
+
+#: Fields never read back from a stored product: generated code and index
+#: arrays are regenerated from the decoded document (see :func:`_revive`).
+_PRODUCT_SKIP = {"Kernel": ("source", "tapes"), "JacobianProgram": ("meta",)}
+
+
+def _product_types() -> dict:
+    return {c.__name__: c for c in (JacobianProgram, RhsProgram, Kernel, EvalDoc, ModelLayout, Field,
+                                    JacEntry, Band)}
+
+
+def _revive(obj, opts: dict):
+    """A decoded product rebuilt through its constructor (so it is frozen
+    like a fresh one), with its kernel regenerated (checked against the
+    stored content hash), index arrays and fingerprint."""
+    if not isinstance(obj, (JacobianProgram, RhsProgram)) or not isinstance(obj.doc, EvalDoc):
+        raise ValueError("not a program")
+    stored = obj.kernel
+    kern = compile_doc(obj.doc, {**opts, "engine": stored.engine})
+    if kern.key != stored.key:
+        raise ValueError("the regenerated kernel differs from the stored one")
+    lay = dataclasses.replace(obj.layout)        # through __post_init__: frozen shapes
+    if isinstance(obj, JacobianProgram):
+        meta = field_meta(obj.doc, lay, obj.col_vars, obj.col_base)
+        fp = hashlib.sha256((kern.key + obj.doc.to_json()).encode()).hexdigest()
+        if fp != obj.fingerprint:
+            raise ValueError("fingerprint mismatch")
+        return dataclasses.replace(obj, kernel=kern, layout=lay, meta=meta)
+    return dataclasses.replace(obj, kernel=kern, layout=lay)
 
 
 # ------------------------------------------------------------------ RHS
@@ -213,8 +208,10 @@ def _frozen(value):
 
 
 class _Product:
-    """Frozen build products: every field frozen at construction and again
-    after unpickling (pickle does not keep ``writeable=False``)."""
+    """Frozen build products: every field frozen at construction (also when
+    a stored product is revived: :func:`_revive` goes through the
+    constructor) and again after unpickling (pickle does not keep
+    ``writeable=False``)."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -242,8 +239,16 @@ class RhsProgram(_Product, _Base):
     element_type: str | None = None
     build_seconds: float = 0.0
     default_cix: Any = None    # the identity lane map at ``cells`` lanes (kernels only read it)
+    owner: str = ""            # identity of the kernels: scratch made for this program carries it
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.owner:
+            object.__setattr__(self, "owner", hashlib.sha256(
+                (self.kernel.key + self.layout_fingerprint).encode()).hexdigest())
 
     @classmethod
+    @typed_errors
     def build(cls, source: Any, model: str | None = None, *, options: dict | None = None) -> "RhsProgram":
         opts = check_options(options, PROGRAM_OPTIONS)
         _backend(opts)
@@ -253,9 +258,10 @@ class RhsProgram(_Product, _Base):
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
             lay = model_layout(view)
             doc = rhs_doc(view, lay)
-            _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0)
+            _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
             kern = compile_doc(doc, opts)
-            _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
+            _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements",
+                   t0, "rhs")
             u0, p0, f0 = default_vectors(view, lay)
             cix = lane_cells(lay.cell_shape, _cells(lay)) if doc.kind == "cell" else np.zeros(1, np.int64)
             return cls(doc, lay, doc.kind, tuple(element_names(view, lay.states)),
@@ -264,6 +270,7 @@ class RhsProgram(_Product, _Base):
 
         prog = _build_doc_cached("rhs", source, model, None, opts, make)
         prog._warm(prog.u_size(1))
+        done(opts, "rhs", t0)
         return dataclasses.replace(prog, build_seconds=time.perf_counter() - t0)
 
     @property
@@ -273,26 +280,51 @@ class RhsProgram(_Product, _Base):
             else np.dtype(np.float64)
 
     def new_buffers(self, lanes: int | None = None) -> "RhsScratch":
-        """Scratch for one thread's calls at ``lanes`` lanes (default: cells)."""
-        lanes = lanes or (self.cells if self.kind == "cell" else 1)
-        cix = self.default_cix if lanes == (self.cells if self.kind == "cell" else 1) else \
-            lane_cells(self.layout.cell_shape, lanes)
-        return RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix)
+        """Scratch for one thread (``lanes`` ≥ 1; default: one lane per cell)."""
+        default = self.cells if self.kind == "cell" else 1
+        if lanes is None:
+            lanes = default
+        if self.kind == "global" and lanes != 1:
+            raise JacError("bad_argument", "a global-lane program has exactly one lane")
+        lanes = _checks.lanes(lanes, 8 * (3 * len(self.layout.cell_shape) + 2), "scratch")
+        cix = self.default_cix if lanes == default else lane_cells(self.layout.cell_shape, lanes)
+        return RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix, self.owner)
 
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   scratch: "RhsScratch | None" = None) -> np.ndarray:
-        """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype."""
-        lanes = scratch.lanes if scratch is not None else (self.cells if self.kind == "cell" else 1)
+        """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype.
+
+        ``out`` must not share memory with ``u``, ``p`` or ``forcing``
+        (refused: ``bad_argument``). A non-finite value computed from finite
+        inputs is an ``evaluation_error`` naming the element."""
+        if scratch is None:
+            sc = self.new_buffers()
+        else:
+            sc = scratch
+            _checks.workspace(sc, self.owner, "scratch", self.kernel.n_hoist,
+                              self.layout.cell_shape if self.kind == "cell" else None)
+        lanes = sc.lanes
+        t = _checks.time(t)
         _check_vec("u", u, self.u_size(lanes))
-        _check_vec("out", out, self.u_size(lanes), u.dtype)
+        _check_vec("out", out, self.u_size(lanes), u.dtype, out=True)
+        _checks.disjoint({"out": out}, {"u": u, "p": p, "forcing": forcing, "scratch": sc.h})
         p = _params(p, len(self.param_names))
         f = self._forcing(forcing, lanes, u.dtype)
-        sc = scratch or self.new_buffers(lanes)
         if self.kind == "global":
             out[:] = 0
         with serial_below(u.shape[0]):
             self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
+            bad = K.count_nonfinite(out)
+        if bad:
+            _checks.report_nonfinite(out, (u, p, f), t, "right-hand side", self._element_name(lanes))
         return out
+
+    def _element_name(self, lanes: int):
+        def name(i: int) -> str:
+            if self.kind == "cell" and lanes != self.cells:
+                return f"{self.layout.states[i // lanes]} at lane {i % lanes}"
+            return self.names[i]
+        return name
 
     def __call__(self, t: float, y: np.ndarray, p=None, forcing=None) -> np.ndarray:
         """``f(t, y)`` with the document's parameter defaults (solver style)."""
@@ -302,11 +334,13 @@ class RhsProgram(_Product, _Base):
 
 @dataclass
 class RhsScratch:
-    """Per-thread scratch of one RhsProgram: hoisted values and the lane map."""
+    """Per-thread scratch of one RhsProgram: hoisted values and the lane map
+    (``owner``: the program's identity)."""
 
     lanes: int
     h: np.ndarray
     cix: np.ndarray
+    owner: str = ""
 
 
 def _cells(lay: ModelLayout) -> int:
@@ -395,6 +429,7 @@ class JacobianProgram(_Product, _Base):
     build_seconds: float = 0.0
 
     @classmethod
+    @typed_errors
     def build(cls, source: Any, model: str | None = None, wrt: str = "states",
               options: dict | None = None) -> "JacobianProgram":
         opts = check_options(options, PROGRAM_OPTIONS)
@@ -410,7 +445,7 @@ class JacobianProgram(_Product, _Base):
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
             kern = compile_doc(doc, opts)
-            _stage(opts, f"compiled {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
+            _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
             cvars, cbase, ncols = _colspace(lay, wrt)
             meta = field_meta(doc, lay, cvars, cbase)
             u0, p0, f0 = default_vectors(view, lay)
@@ -421,6 +456,7 @@ class JacobianProgram(_Product, _Base):
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
         prog._warm(prog.slab_size(1))
+        done(opts, "jac", t0)
         return dataclasses.replace(prog, build_seconds=time.perf_counter() - t0)
 
     # -- sizes -------------------------------------------------------------------
@@ -441,14 +477,14 @@ class JacobianProgram(_Product, _Base):
         callers that only need the matrix; ``apply``/``apply_transpose``/
         ``contract`` then need a workspace that keeps the slab."""
         if self.kind == "global":
-            if lanes not in (None, 1):
+            if lanes is not None and (isinstance(lanes, bool) or lanes != 1):
                 raise JacError("bad_argument", "a global-lane program has exactly one lane")
             lanes = 1
             cix = np.zeros(1, np.int64)
         else:
-            lanes = self.cells if lanes is None else int(lanes)
-            if lanes < 1:
-                raise JacError("bad_argument", "lanes must be >= 1")
+            # slab (float64, plus float32 when used) + lane map and its temporaries
+            per_lane = 12 * self.n_fields + 8 * (3 * len(self.layout.cell_shape) + 2)
+            lanes = _checks.lanes(self.cells if lanes is None else lanes, per_lane)
             cix = lane_cells(self.layout.cell_shape, lanes)
         return JacWorkspace(self.fingerprint, lanes, cix, np.zeros(max(self.kernel.n_hoist, 1)),
                             keep_slab=bool(keep_slab))
@@ -464,8 +500,8 @@ class JacobianProgram(_Product, _Base):
     def _check_ws(self, ws) -> None:
         if not isinstance(ws, JacWorkspace):
             raise JacError("bad_argument", f"expected a JacWorkspace, got {type(ws).__name__}")
-        if ws.owner != self.fingerprint:
-            raise JacError("bad_argument", "this workspace belongs to another JacobianProgram")
+        _checks.workspace(ws, self.fingerprint, "workspace", self.kernel.n_hoist,
+                          self.layout.cell_shape if self.kind == "cell" else None)
 
     def _check_plan(self, plan) -> None:
         if not isinstance(plan, ScatterPlan):
@@ -475,15 +511,20 @@ class JacobianProgram(_Product, _Base):
 
     def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   ws: JacWorkspace) -> np.ndarray:
-        """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing)."""
+        """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing).
+
+        ``out`` must not share memory with ``u``, ``p``, ``forcing`` or the
+        workspace (refused: ``bad_argument``). The point is copied into the
+        workspace, so changing ``u`` afterwards does not change ``contract``."""
         self._check_plan(plan)
         self._check_ws(ws)
         L = ws.lanes
         plan.check_lanes(L)
+        t = _checks.time(t)
         _check_vec("u", u, self.u_size(L))
-        _check_vec("out", out, plan.out_size(L), u.dtype)
-        if not out.flags.writeable:
-            raise JacError("bad_argument", "`out` is read-only")
+        _check_vec("out", out, plan.out_size(L), u.dtype, out=True)
+        _checks.disjoint({"out": out}, {"u": u, "p": p, "forcing": forcing, "workspace h": ws.h,
+                                        "workspace lane map": ws.cix})
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
         with serial_below(u.shape[0]):
@@ -497,9 +538,9 @@ class JacobianProgram(_Product, _Base):
                 ws.last_dtype = u.dtype
             bad = K.count_nonfinite(out)
         ws.last_plan = plan.fingerprint
-        ws.point = (u, pv, float(t), f)
+        ws.point = (u.copy(), pv, t, f.copy())
         if bad:
-            _report_nonfinite(out, (u, pv, f), "Jacobian")
+            _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
 
     def _fused_kernel(self, plan: ScatterPlan, ws: JacWorkspace) -> Kernel:
@@ -528,13 +569,15 @@ class JacobianProgram(_Product, _Base):
         return ws.slabs[ws.last_dtype]
 
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``y += J v`` from the band slab of the last ``eval_into``."""
+        """``y += J v`` from the band slab of the last ``eval_into``
+        (``y`` sharing memory with ``v`` is refused: ``bad_argument``)."""
         self._check_plan(plan)
         self._check_ws(ws)
         B = self._slab_of(ws)
         L = ws.lanes
         _check_vec("v", v, self.col_size(L))
-        _check_vec("y", y, self.u_size(L))
+        _check_vec("y", y, self.u_size(L), out=True)
+        _checks.disjoint({"y": y}, {"v": v, "workspace slab": B})
         m = self.meta
         with serial_below(y.shape[0]):
             if self.kind == "cell":
@@ -545,13 +588,15 @@ class JacobianProgram(_Product, _Base):
 
     def apply_transpose(self, plan, ws: JacWorkspace, lam: np.ndarray, gbar: np.ndarray) -> np.ndarray:
         """``gbar += Jᵀ lam`` (float64 accumulation; a gather over the
-        transposed plan: each column is owned by one iteration)."""
+        transposed plan: each column is owned by one iteration). ``gbar``
+        sharing memory with ``lam`` is refused (``bad_argument``)."""
         self._check_plan(plan)
         self._check_ws(ws)
         B = self._slab_of(ws)
         L = ws.lanes
         _check_vec("lam", lam, self.u_size(L))
-        _check_vec("gbar", gbar, self.col_size(L), np.float64)
+        _check_vec("gbar", gbar, self.col_size(L), np.float64, out=True)
+        _checks.disjoint({"gbar": gbar}, {"lam": lam, "workspace slab": B})
         m = self.meta
         with serial_below(lam.shape[0]):
             if self.kind == "cell":
@@ -572,7 +617,9 @@ class JacobianProgram(_Product, _Base):
 
     def contract(self, plan, ws2: JacWorkspace, lam: np.ndarray, v: np.ndarray, out: np.ndarray) -> np.ndarray:
         """``out = Σᵢ λᵢ ∂²fᵢ/∂u∂u · v`` at the point of the last ``eval_into``
-        on ``ws2`` (second-order bands, built on first use)."""
+        on ``ws2`` (second-order bands, built on first use; that point was
+        copied, so later changes to ``u`` do not matter). ``out`` sharing
+        memory with ``lam`` or ``v`` is refused (``bad_argument``)."""
         self._check_plan(plan)
         self._check_ws(ws2)
         if self.wrt != "states":
@@ -582,7 +629,8 @@ class JacobianProgram(_Product, _Base):
         n = self.u_size(ws2.lanes)
         _check_vec("lam", lam, n)
         _check_vec("v", v, n)
-        _check_vec("out", out, n, np.float64)
+        _check_vec("out", out, n, np.float64, out=True)
+        _checks.disjoint({"out": out}, {"lam": lam, "v": v})
         return contract_at(self, ws2, lam, v, out)
 
 
@@ -612,15 +660,6 @@ def _check_source(prog: JacobianProgram, source) -> None:
         raise JacError("foreign_layout",
                        "the RhsProgram was built from a different model or layout (its fingerprint "
                        "differs from this JacobianProgram's)")
-
-
-def _report_nonfinite(out, inputs, what: str) -> None:
-    if any(x.size and K.count_nonfinite(np.ascontiguousarray(x)) for x in inputs):
-        return                   # non-finite in, non-finite out: the caller's business
-    i = K.first_nonfinite(out)
-    raise JacError("evaluation_error",
-                   f"the {what} has a non-finite value at output position {i} although every input "
-                   "is finite (a singular coefficient such as 1/0 or log(0) at this point)")
 
 
 def _colspace(lay: ModelLayout, wrt: str) -> tuple:

@@ -69,7 +69,12 @@ def _build(prog) -> SecondOrder:
         sidx = {n: s for s, n in enumerate(lay.states)}
         meta = {"row": np.array([sidx[f.row] for f in fields], np.int64),
                 "site": np.array([sidx[f.col] for f in fields], np.int64),
-                "pcol": np.array([sidx[doc.fields[k].col] for k in parent_of], np.int64)}
+                # the parent band's column: a state (wrt="states") or, for other
+                # programs, its column id (lane column c*L + l, or a scalar one)
+                "pcol": (np.array([sidx[doc.fields[k].col] for k in parent_of], np.int64)
+                         if prog.wrt == "states" else
+                         np.asarray(prog.meta["fcid"], np.int64)[parent_of]),
+                "plane": np.asarray(prog.meta["flane"], bool)[parent_of]}
     else:
         soff = lay.state_offsets()
         cbase = {s: soff[s] for s in lay.states}

@@ -1,0 +1,195 @@
+"""Argument, alias and workspace checks: everything a call verifies in
+Python before compiled code runs (DESIGN §6: never a segfault, never a
+silently wrong result).
+
+* **Arrays** (:func:`vector`): a plain 1-D C-contiguous ``float64``/``float32``
+  ``ndarray`` of the expected length; masked arrays (whose masks compiled
+  code would ignore) and complex data (which would be cast, dropping the
+  imaginary part) are refused; outputs must be writable.
+* **Scalars**: ``t`` a real number, finite or NaN (:func:`time`); the
+  parameter vector ``p`` real, length-checked and copied (:func:`params`).
+* **Aliasing** (:func:`disjoint`): an output sharing memory with any input
+  (or with the workspace) is refused; every call that writes ``out`` from
+  other arrays refuses rather than computing from half-overwritten inputs.
+* **Workspaces** (:func:`workspace`): a workspace carries its program's
+  fingerprint and is checked for the sizes, dtypes and lane-map range the
+  program's kernels index; the verified arrays are remembered (by identity,
+  holding references so an id cannot be reused), so a bound workspace costs
+  a few identity comparisons per call.
+* **Lane counts** (:func:`lanes`): a positive ``int``, and the workspace it
+  implies must fit under :func:`workspace_limit` (a quarter of physical
+  memory unless ``$ESMJAC_WORKSPACE_LIMIT`` or :func:`set_workspace_limit`
+  says otherwise).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import numpy as np
+
+from ..errors import JacError
+from ..limits import set_workspace_limit, workspace_limit
+
+__all__ = ["vector", "time", "params", "disjoint", "workspace", "lanes", "workspace_limit",
+           "set_workspace_limit", "report_nonfinite"]
+
+DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+
+def _refuse(msg: str) -> JacError:
+    return JacError("bad_argument", msg)
+
+
+def _kind_error(name: str, x) -> JacError | None:
+    if isinstance(x, np.ma.MaskedArray):
+        return _refuse(f"`{name}` is a masked array; compiled kernels would ignore its mask. Pass "
+                       f"{name}.filled(value) or a plain ndarray")
+    if isinstance(x, np.ndarray) and np.iscomplexobj(x):
+        return _refuse(f"`{name}` is complex ({x.dtype}); the programs evaluate real values only")
+    return None
+
+
+def vector(name: str, x, n: int, dtype=None, *, out: bool = False) -> np.ndarray:
+    """``x`` if it is a plain 1-D contiguous float64/float32 array of length
+    ``n`` (dtype ``dtype`` when given; writable when ``out``)."""
+    err = _kind_error(name, x)
+    if err is not None:
+        raise err
+    if not isinstance(x, np.ndarray):
+        raise _refuse(f"`{name}` must be a NumPy array, got {type(x).__name__}")
+    if x.ndim != 1:
+        raise _refuse(f"`{name}` must be 1-D (flat lane layout), got shape {x.shape}")
+    if dtype is not None and x.dtype != dtype:
+        raise _refuse(f"`{name}` has dtype {x.dtype}; this call needs {np.dtype(dtype)}")
+    if x.dtype not in DTYPES:
+        raise _refuse(f"`{name}` has dtype {x.dtype}; use float64 or float32")
+    if not x.flags.c_contiguous:
+        raise _refuse(f"`{name}` is not contiguous; pass np.ascontiguousarray({name})")
+    if x.shape[0] != n:
+        raise _refuse(f"`{name}` has length {x.shape[0]}; expected {n}")
+    if out and not x.flags.writeable:
+        raise _refuse(f"`{name}` is read-only; pass a writable array")
+    return x
+
+
+def time(t) -> float:
+    """``t`` as a float: a real number, finite or NaN (never a string, an
+    array, ``None``, a complex number or a boolean)."""
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real):
+        if isinstance(t, np.ndarray) and t.ndim == 0 and t.dtype.kind in "iuf":
+            t = t.item()
+        else:
+            raise _refuse(f"`t` must be a real number, got {type(t).__name__}"
+                          + (" (complex)" if isinstance(t, numbers.Complex) else ""))
+    v = float(t)
+    if math.isinf(v):
+        raise _refuse(f"`t` is {v}; pass a finite time (NaN is accepted and reported if it matters)")
+    return v
+
+
+def params(p, n: int) -> np.ndarray:
+    """``p`` as a fresh contiguous float64 vector of ``n`` entries."""
+    if p is None:
+        raise _refuse("`p` is required (the program's parameter vector, see .param_names)")
+    err = _kind_error("p", p)
+    if err is not None:
+        raise err
+    if isinstance(p, (str, bytes)):
+        raise _refuse("`p` must be a sequence of numbers, got a string")
+    try:
+        a = np.array(p, copy=True)
+    except (TypeError, ValueError) as exc:
+        raise _refuse(f"`p` must be a sequence of real numbers ({exc})") from None
+    if a.dtype.kind == "c":
+        raise _refuse("`p` is complex; the programs evaluate real values only")
+    if a.dtype.kind not in "biuf":
+        raise _refuse(f"`p` must hold real numbers, got dtype {a.dtype}")
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    if a.ndim != 1 or a.shape[0] != n:
+        raise _refuse(f"`p` must have {n} entries (scalar parameters in declaration order), got "
+                      f"shape {a.shape}")
+    return a
+
+
+def disjoint(outputs: dict, inputs: dict) -> None:
+    """Refuse any output that shares memory with an input or another output."""
+    outs = [(k, v) for k, v in outputs.items() if isinstance(v, np.ndarray)]
+    ins = [(k, v) for k, v in inputs.items() if isinstance(v, np.ndarray)]
+    for i, (on, o) in enumerate(outs):
+        for name, x in ins + outs[i + 1:]:
+            if np.may_share_memory(o, x) and np.shares_memory(o, x):
+                raise _refuse(f"`{on}` shares memory with `{name}`; this call does not work in "
+                              f"place: pass a separate output array")
+
+
+def workspace(ws, owner: str, what: str, n_hoist: int, cell_shape: tuple | None) -> None:
+    """Check a workspace/scratch against the program that is about to index it.
+
+    ``ws`` needs ``owner``, ``lanes``, ``h`` (hoisted values, float64, at
+    least ``n_hoist``) and ``cix`` (int64 lane map: ``len(cell_shape) * lanes``
+    1-based cell indices within ``cell_shape``; ``cell_shape`` None for a
+    global program). Verified arrays are remembered by identity."""
+    if getattr(ws, "owner", None) != owner:
+        raise JacError("bad_argument", f"this {what} belongs to another program; make one with this "
+                       "program's own new_workspace()/new_buffers()")
+    seen = getattr(ws, "_verified", None)
+    h, cix, L = ws.h, ws.cix, ws.lanes
+    if seen is not None and seen[0] is h and seen[1] is cix and seen[2] == L and \
+            h.shape[0] >= n_hoist and cix.shape[0] == seen[3]:
+        return
+    if isinstance(L, (bool, np.bool_)) or not isinstance(L, (int, np.integer)) or L < 1:
+        raise _refuse(f"the {what}'s lane count {L!r} is not a positive integer")
+    for name, a, dt in (("h", h, np.float64), ("cix", cix, np.int64)):
+        if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype != dt or not a.flags.c_contiguous:
+            raise _refuse(f"the {what}'s `{name}` array was replaced by one of the wrong kind; make a "
+                          "new workspace")
+    if not h.flags.writeable:
+        raise _refuse(f"the {what}'s `h` array is read-only")
+    if h.shape[0] < max(n_hoist, 1):
+        raise _refuse(f"the {what}'s `h` holds {h.shape[0]} values; this program hoists {n_hoist}")
+    if cell_shape is None:
+        need = 0
+    else:
+        need = len(cell_shape) * int(L)
+    if cix.shape[0] < max(need, 1):
+        raise _refuse(f"the {what}'s lane map has {cix.shape[0]} entries; {L} lanes need {need}")
+    if need:
+        m = cix[:need].reshape(len(cell_shape), int(L))
+        hi = np.asarray(cell_shape, dtype=np.int64)[:, None]
+        if m.min(initial=1) < 1 or np.any(m > hi):
+            raise _refuse(f"the {what}'s lane map holds cell indices outside {tuple(cell_shape)}")
+    ws._verified = (h, cix, L, cix.shape[0])
+
+
+def lanes(n, bytes_per_lane: int, what: str = "workspace") -> int:
+    """``n`` as a lane count: a positive integer whose workspace fits the limit."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise _refuse(f"lanes must be a positive integer, got {n!r} ({type(n).__name__})")
+    n = int(n)
+    if n < 1:
+        raise _refuse(f"lanes must be >= 1, got {n}")
+    need = n * int(bytes_per_lane)
+    lim = workspace_limit()
+    if need > lim:
+        raise _refuse(f"a {what} of {n} lanes needs about {need:,} bytes, over the limit of {lim:,} "
+                      "bytes (a quarter of physical memory by default; raise it with "
+                      "esmjac.runtime.checks.set_workspace_limit or $ESMJAC_WORKSPACE_LIMIT, or use "
+                      "fewer lanes per workspace)")
+    return n
+
+
+def report_nonfinite(out: np.ndarray, inputs: tuple, t: float, what: str, name_of=None) -> None:
+    """Called when ``out`` has a non-finite value: ``evaluation_error`` unless
+    an input was already non-finite (then it is the caller's business)."""
+    from . import kernels as K
+    if any(x.size and K.count_nonfinite(np.ascontiguousarray(x)) for x in inputs):
+        return
+    i = K.first_nonfinite(out)
+    where = f"`{name_of(i)}` (output position {i})" if name_of is not None else f"output position {i}"
+    if math.isnan(t):
+        raise JacError("evaluation_error",
+                       f"the {what} has a non-finite value {out[i]} at {where}: `t` is NaN")
+    raise JacError("evaluation_error",
+                   f"the {what} has a non-finite value {out[i]} at {where} although every input is "
+                   "finite (a singular coefficient such as 1/0, log(0), sqrt of a negative number or "
+                   "an overflow at this point)")
