@@ -8,7 +8,8 @@ from .errors import CODES, JacError
 from .layouts.types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
 from .reference.oracle import Assembled, assemble
 from .layouts.plans import ScatterPlan
-from .runtime.programs import JacobianProgram, JacWorkspace, RhsProgram
+from .runtime.programs import JacobianProgram, RhsProgram
+from .runtime.workspace import JacWorkspace
 
 __all__ = ["BandSet", "JacError", "CODES", "assemble", "Assembled", "RhsProgram", "JacobianProgram",
            "JacWorkspace", "ScatterPlan", "LaneBlocks", "LaneSparseBlocks", "ColumnBanded", "Csr",

@@ -398,7 +398,7 @@ class RosenbrockLeaf:
             return sc
         from ..integrators.lanestep import LaneStepper
         from ..linalg.sparse_lu import CHUNK
-        from ..runtime.programs import lane_cells
+        from ..runtime.workspace import lane_cells
         unit = CHUNK if self.tile is None else int(self.tile)
         per = -(-L // nthreads)
         per = -(-per // unit) * unit

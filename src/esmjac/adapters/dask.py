@@ -231,7 +231,7 @@ class _Threads:
 
 
 def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray:
-    from ..runtime.programs import lane_cells
+    from ..runtime.workspace import lane_cells
     return lane_cells(spec.cell_shape, lanes, np.arange(start, start + lanes))
 
 

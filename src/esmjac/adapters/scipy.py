@@ -27,7 +27,7 @@ import numpy as np
 from .._frozen import readonly
 from ..errors import JacError
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
-from ..runtime.programs import JacWorkspace, RhsScratch
+from ..runtime.workspace import JacWorkspace, RhsScratch
 from ..runtime.threads import SERIAL_BELOW, thread_count, with_threads
 from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
 

@@ -47,7 +47,7 @@ from ..errors import JacError
 from ..layouts.types import ColumnBanded, LaneBlocks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl
 from ..runtime.threads import thread_count, with_threads
-from ..runtime.programs import JacWorkspace, RhsScratch
+from ..runtime.workspace import JacWorkspace, RhsScratch
 from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
 
 __all__ = ["cvode", "ida", "SundialsProblem"]

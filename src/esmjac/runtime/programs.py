@@ -4,7 +4,8 @@ JacWorkspace.
 Programs are immutable and safe to share between threads: they hold the
 evaluation document, generated kernel source (imported from the on-disk
 cache) and read-only index arrays. All mutable scratch (band slab, hoisted
-values, the lane→cell map) lives in a :class:`JacWorkspace`, one per thread.
+values, the lane→cell map) lives in a workspace (:mod:`.workspace`), one
+per thread.
 
 Lane layout (DESIGN §4): a ``cell`` program stores states species-major with
 lanes fastest, ``u[s*L + l]``; with ``L`` = number of cells this is exactly
@@ -18,7 +19,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from ..model.layout import ModelLayout, default_vectors, element_names, model_la
 from ..model.load import SystemView, load_view
 from . import checks as _checks
 from . import kernels as K
+from .workspace import JacWorkspace, RhsScratch, lane_cells
 from .progress import done, stage
 from .second import contract_at
 from .threads import one_thread, serial_below
@@ -57,24 +59,6 @@ _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
 def _stage(opts, msg: str, t0: float, kind: str = "jac") -> None:
     stage(opts, kind, msg, t0)
-
-
-def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
-    """1-based cell index per dimension per lane (``cix[d*L + l]``); lanes
-    past the last cell (padding) duplicate it. ``order`` maps lane → flat
-    cell number (a shuffled lane order)."""
-    ncell = int(np.prod(cell_shape)) if cell_shape else 1
-    if order is None:
-        flat = np.minimum(np.arange(lanes), ncell - 1)
-    else:
-        flat = np.asarray(order, dtype=np.int64)
-        if flat.shape != (lanes,) or flat.min(initial=0) < 0 or flat.max(initial=0) >= ncell:
-            raise JacError("bad_argument", f"lane order must be {lanes} cell numbers in [0, {ncell})")
-    idx = np.unravel_index(flat, cell_shape) if cell_shape else ()
-    out = np.empty(len(cell_shape) * lanes, dtype=np.int64)
-    for d, a in enumerate(idx):
-        out[d * lanes:(d + 1) * lanes] = a + 1
-    return out
 
 
 def _check_vec(name: str, x, n: int, dtype=None, *, out: bool = False) -> np.ndarray:
@@ -332,17 +316,6 @@ class RhsProgram(_Product, _Base):
         return self.eval_into(y, self.p0 if p is None else p, t, forcing, out)
 
 
-@dataclass
-class RhsScratch:
-    """Per-thread scratch of one RhsProgram: hoisted values and the lane map
-    (``owner``: the program's identity)."""
-
-    lanes: int
-    h: np.ndarray
-    cix: np.ndarray
-    owner: str = ""
-
-
 def _cells(lay: ModelLayout) -> int:
     return int(np.prod(lay.cell_shape)) if lay.cell_shape else 1
 
@@ -365,39 +338,6 @@ def _backend(opts: dict) -> None:
 
 
 # ------------------------------------------------------------------ Jacobian
-
-@dataclass
-class JacWorkspace:
-    """Per-thread scratch of one JacobianProgram (never share between threads).
-
-    Everything a call writes lives here: the band slab per dtype, hoisted
-    values, the lane→cell map, the point of the last ``eval_into`` (read by
-    ``contract``), the second-order slab and the fused kernel of the plan
-    last evaluated without a slab."""
-
-    owner: str
-    lanes: int
-    cix: np.ndarray
-    h: np.ndarray
-    keep_slab: bool = True
-    slabs: dict = field(default_factory=dict)
-    last_dtype: Any = None
-    last_plan: Any = None
-    point: Any = None              # (u, p, t, forcing) of the last eval_into
-    second_slab: Any = None        # contract's second-order band values
-    fused: Any = None              # (plan key, Kernel) of the last fused eval_into
-
-    def slab(self, dtype, size: int) -> np.ndarray:
-        s = self.slabs.get(dtype)
-        if s is None or s.shape[0] != size:
-            s = np.zeros(max(size, 1), dtype=dtype)
-            self.slabs[dtype] = s
-        return s
-
-    def set_lane_order(self, order, cell_shape: tuple) -> None:
-        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes)."""
-        self.cix = lane_cells(cell_shape, self.lanes, order)
-
 
 #: Fused kernels by (program fingerprint, plan key): generated on first use
 #: in this process, shared by every workspace (immutable, content-hashed).
