@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import JacError
-from ..model.expr import AGG, Node, add, free_names, is_zero, map_children, mul, node, op, substitute
+from ..model.expr import (AGG, Node, add, free_names, is_zero, iter_children, map_children, mul, node, op,
+                          substitute)
 from .clip import clip_regions
 from .inline import range_of, region_bound
 from .rules import Site, dscalar
@@ -71,7 +72,6 @@ def sorted_sites(e, v: str) -> list:
             s = Site(x)
             found[s.key] = s
             continue
-        from ..model.expr import iter_children
         stack.extend(iter_children(x))
     return [found[k] for k in sorted(found)]
 

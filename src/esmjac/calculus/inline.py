@@ -14,7 +14,8 @@ and ``index``-of-array-expression β-reduction.
 from __future__ import annotations
 
 from ..errors import JacError
-from ..model.expr import AGG, Node, free_names, map_children, node, op, substitute
+from ..model.expr import (AGG, Node, _thaw, free_names, from_wire, iter_children, map_children, node, op,
+                          substitute, walk)
 from ..model.evaluate import Decline as _Decline, ev as _ev
 
 __all__ = ["inline_observed", "inlinable_observed", "region_bound", "range_of"]
@@ -30,7 +31,6 @@ def region_bound(b) -> int:
         return b
     if isinstance(b, float):
         return int(round(b))
-    from ..model.expr import from_wire, _thaw
     try:
         return int(round(_ev(from_wire(_thaw(b)), {})))
     except (_Decline, TypeError, KeyError):
@@ -131,8 +131,7 @@ def _needs_inline(e) -> bool:
         if e.op == "index" and isinstance(e.args[0], Node):
             r = True
         else:
-            from ..model.expr import iter_children
-            r = any(_needs_inline(x) for x in iter_children(e))
+                    r = any(_needs_inline(x) for x in iter_children(e))
         c["needs_inline"] = r
     return r
 
@@ -163,7 +162,6 @@ def _index_arg_names(e, acc: set) -> None:
         for x in e.args[1:]:
             acc |= free_names(x)
         return
-    from ..model.expr import iter_children
     for c in iter_children(e):
         _index_arg_names(c, acc)
 
@@ -204,5 +202,4 @@ def inlinable_observed(obs: dict, rhss: list, targets: frozenset) -> dict:
 def _opaque(e) -> bool:
     # A surviving template reference hides its body's names: treat as
     # target-dependent so it is inlined (and rejected loudly), never pruned.
-    from ..model.expr import walk
     return any(isinstance(x, Node) and x.op == "apply_expression_template" for x in walk(e))

@@ -62,6 +62,8 @@ import numpy as np
 from .._frozen import FrozenMap
 from .._version import __version__
 from ..errors import JacError
+from ..model.deep import run_deep
+from ..model.expr import Node, _FDict, iter_children, node
 
 __all__ = ["cache_dir", "content_hash", "load_source", "code_version", "document_key",
            "dependency_files", "store_product", "load_product", "numba_cache_failure",
@@ -444,7 +446,6 @@ class _Corrupt(Exception):
 
 def _encode(obj: Any, types: dict, skip: dict) -> tuple:
     """(JSON-ready tree, arrays) of ``obj`` (see module docstring)."""
-    from ..model.expr import Node, _FDict
     arrays: list = []
     nodes: list = []
     ids: dict = {}
@@ -461,7 +462,6 @@ def _encode(obj: Any, types: dict, skip: dict) -> tuple:
                 nodes.append([x.op, enc(x.args), enc(x.body), enc(x.extra)])
                 continue
             stack.append((x, True))
-            from ..model.expr import iter_children
             for c in iter_children(x):
                 if isinstance(c, Node) and id(c) not in ids:
                     stack.append((c, False))
@@ -510,7 +510,6 @@ def _encode(obj: Any, types: dict, skip: dict) -> tuple:
 
 
 def _decode(tree: dict, arrays, types: dict) -> Any:
-    from ..model.expr import _FDict, node
     built: list = []
 
     def dec(x):
@@ -597,7 +596,6 @@ def store_product(key: str, obj: Any, deps: list, types: dict, skip: dict | None
     """Write ``obj`` under ``key`` (JSON + npz, hashes beside). False (and
     nothing written) when ``obj`` holds something the format does not
     represent, or the folder cannot be written (then a warning)."""
-    from ..model.deep import run_deep
     try:
         tree, arrays = run_deep(_encode, obj, types, skip or {})
     except _Unstorable as exc:
@@ -628,7 +626,6 @@ def store_product(key: str, obj: Any, deps: list, types: dict, skip: dict | None
 def load_product(key: str, types: dict) -> Any | None:
     """The product stored under ``key``, or None (missing, corrupt, stale or
     from another key: each a logged cache miss; corrupt files are removed)."""
-    from ..model.deep import run_deep
     stem = cache_dir() / f"b{key[:40]}"
     jpath, npath = stem.with_suffix(".json"), stem.with_suffix(".npz")
     data = _read_verified(jpath)

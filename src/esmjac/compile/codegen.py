@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .._version import __version__
 from ..errors import JacError
-from ..model.expr import format_float
+from ..model.expr import add, format_float
 from .ssa import Block, Lowering
 
 __all__ = ["generate", "Generated", "GENERATOR"]
@@ -269,7 +269,6 @@ def _cell_outputs(doc) -> list:
     sidx = {n: s for s, n in enumerate(doc.layout.states)}
     for f in doc.fields:
         per[sidx[f.row]].append(doc.expanded(f.expr))
-    from ..model.expr import add
     return [(("state", s), [add(*es) if es else 0]) for s, es in per.items()]
 
 
