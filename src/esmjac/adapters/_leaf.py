@@ -23,11 +23,12 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import JacError
+from ..runtime import checks
 from ..runtime.threads import numba_threads
 
 __all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
@@ -276,13 +277,7 @@ class RosenbrockLeaf:
 
     @staticmethod
     def _rtol(rtol) -> float:
-        try:
-            r = float(rtol)
-        except (TypeError, ValueError):
-            raise JacError("bad_option", f"rtol must be a number, got {rtol!r}") from None
-        if not (r > 0.0 and math.isfinite(r)):
-            raise JacError("bad_option", f"rtol must be positive, got {rtol!r}")
-        return r
+        return checks.positive("rtol", rtol, "bad_option")
 
     def _atol(self, atol) -> np.ndarray:
         n = self.n_species
@@ -319,13 +314,7 @@ class RosenbrockLeaf:
             if h0.ndim != 1 or not np.all(h0 > 0) or not np.all(np.isfinite(h0)):
                 raise JacError("bad_argument", "h0 must be positive (a number or one value per lane)")
             return np.ascontiguousarray(h0, dtype=np.float64)
-        try:
-            v = float(h0)
-        except (TypeError, ValueError):
-            raise JacError("bad_argument", f"h0 must be a number or an array, got {h0!r}") from None
-        if not (v > 0 and math.isfinite(v)):
-            raise JacError("bad_argument", f"h0 must be positive, got {h0!r}")
-        return v
+        return checks.positive("h0", h0)
 
     def lanes_of(self, u) -> int:
         """The lane count of a state vector (``u.size // n_species``)."""
@@ -557,12 +546,7 @@ class RosenbrockLeaf:
         ``rtol``/``atol`` override the leaf's for this call. Per-lane
         statistics are summed over the intervals.
         """
-        try:
-            t0, tf = (float(x) for x in t_span)
-        except (TypeError, ValueError):
-            raise JacError("bad_argument", f"t_span must be (t0, tf), got {t_span!r}") from None
-        if not (math.isfinite(t0) and math.isfinite(tf)) or tf < t0:
-            raise JacError("bad_argument", f"t_span must be finite with tf >= t0, got {(t0, tf)}")
+        t0, tf = checks.time_span(t_span)
         te = np.array([tf] if t_eval is None else t_eval, dtype=np.float64).reshape(-1)
         if te.size == 0 or np.any(np.diff(te) < 0) or te[0] < t0 or te[-1] > tf:
             raise JacError("bad_argument", f"t_eval must be increasing inside {(t0, tf)}")
@@ -657,12 +641,7 @@ class RosenbrockLeaf:
         bad = [w for w in wrt if w not in ("state", "parameters")]
         if bad or not wrt:
             raise JacError("bad_option", f"wrt must name 'state' and/or 'parameters', got {wrt!r}")
-        self._check_state("u0", u0, False)
-        L = self.lanes_of(u0)
-        y = u0.copy()
-        records: list = []
-        stats = self._advance(y, t0, dt, forcing, None, None, records)
-        fz, cix = records.pop()
+        L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
         lam = np.array(dphi(y.copy()) if callable(dphi) else dphi, dtype=np.float64).reshape(-1)
         if lam.shape != y.shape or not np.all(np.isfinite(lam)):
             raise JacError("bad_argument", f"dphi must give {y.size} finite values (like u0)")
@@ -673,18 +652,24 @@ class RosenbrockLeaf:
             sens.adjoint(records, lam, fz if fz is not None else np.zeros(1), cix, L, gp)
         return y, lam, (self._unpack_params(gp, L) if gp is not None else None), stats
 
-    def tangent(self, u0: np.ndarray, t0: float, dt: float, du0=None, dp: Mapping | None = None,
-                forcing=None):
-        """Tangent-linear model: the directional derivative of the state at
-        ``t0 + dt`` along ``du0`` (like ``u0``; None = 0) and ``dp`` (a dict
-        over :attr:`parameter_columns`: a number, or per lane for per-cell
-        columns). Returns ``(y_final, dy_final, stats)``."""
+    def _forward(self, u0, t0, dt, forcing) -> tuple:
+        """The recorded forward solve both sensitivity directions start from:
+        (lanes, final state, statistics, step records, last forcing, lane map)."""
         self._check_state("u0", u0, False)
         L = self.lanes_of(u0)
         y = u0.copy()
         records: list = []
         stats = self._advance(y, t0, dt, forcing, None, None, records)
         fz, cix = records.pop()
+        return L, y, stats, records, fz, cix
+
+    def tangent(self, u0: np.ndarray, t0: float, dt: float, du0=None, dp: Mapping | None = None,
+                forcing=None):
+        """Tangent-linear model: the directional derivative of the state at
+        ``t0 + dt`` along ``du0`` (like ``u0``; None = 0) and ``dp`` (a dict
+        over :attr:`parameter_columns`: a number, or per lane for per-cell
+        columns). Returns ``(y_final, dy_final, stats)``."""
+        L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
         dy = np.zeros_like(y) if du0 is None else np.array(du0, dtype=np.float64).reshape(-1)
         if dy.shape != y.shape:
             raise JacError("bad_argument", f"du0 must have {y.size} values (like u0)")

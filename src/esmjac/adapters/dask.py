@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
+from ..runtime import checks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
@@ -888,12 +889,7 @@ def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "
     (``u`` is converted). ``atol``: None = the leaf's default from the
     document's initial state, a number, or one value per species."""
     m, inp, f, pv = _prepare(source, u, model, forcing, p)
-    try:
-        t0, t1 = (float(x) for x in t_span)
-    except (TypeError, ValueError):
-        raise JacError("bad_argument", f"t_span must be (t0, t1), got {t_span!r}") from None
-    if not (np.isfinite(t0) and np.isfinite(t1)) or t1 < t0:
-        raise JacError("bad_argument", f"t_span must be finite with t1 >= t0, got {(t0, t1)}")
+    t0, t1 = checks.time_span(t_span)
     if atol is None:
         at = _default_atol(m.spec.document(), model, m.species)
     else:

@@ -87,6 +87,28 @@ def time(t) -> float:
     return v
 
 
+def positive(name: str, x, code: str = "bad_argument") -> float:
+    """``x`` as a positive finite float (a step size, a tolerance)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise JacError(code, f"{name} must be a number, got {x!r}") from None
+    if not (v > 0.0 and math.isfinite(v)):
+        raise JacError(code, f"{name} must be positive, got {x!r}")
+    return v
+
+
+def time_span(span) -> tuple:
+    """``(t0, t1)`` of an integration span: finite, ``t1 >= t0``."""
+    try:
+        t0, t1 = (float(x) for x in span)
+    except (TypeError, ValueError):
+        raise _refuse(f"t_span must be (t0, t1), got {span!r}") from None
+    if not (math.isfinite(t0) and math.isfinite(t1)) or t1 < t0:
+        raise _refuse(f"t_span must be finite with t1 >= t0, got {(t0, t1)}")
+    return t0, t1
+
+
 def params(p, n: int) -> np.ndarray:
     """``p`` as a fresh contiguous float64 vector of ``n`` entries."""
     if p is None:
