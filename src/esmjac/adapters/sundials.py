@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
+from ..layouts.plans import column_split
 from ..layouts.types import ColumnBanded, LaneBlocks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl
 from ..runtime.threads import thread_count, with_threads
@@ -183,12 +184,7 @@ class _BandedPC:
         ax = int(info["axis"])
         ns, N = len(lay.states), int(np.prod(shape))
         e = np.arange(ns * N)
-        s, cell = np.divmod(e, N)
-        idx = np.unravel_index(cell, shape)
-        rest = [x for d, x in enumerate(idx) if d != ax]
-        rshape = [n for d, n in enumerate(shape) if d != ax]
-        lane = np.ravel_multi_index(rest, rshape) if rest else np.zeros_like(cell)
-        local = idx[ax] * ns + s
+        lane, local = column_split(e, shape, ns, ax)
         P = np.empty((self.C, self.m), dtype=np.int64)
         P[lane, local] = e
         self.P = P

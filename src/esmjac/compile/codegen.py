@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .._version import __version__
 from ..errors import JacError
 from ..model.expr import add, format_float
+from ..model.layout import strides as row_major_strides
 from .ssa import Block, Lowering
 
 __all__ = ["generate", "Generated", "GENERATOR"]
@@ -117,12 +118,7 @@ class _Printer:
         if op == "table":
             flat, shape = args[:2]
             terms = []
-            st = 1
-            strides = []
-            for n in reversed(shape):
-                strides.append(st)
-                st *= n
-            for n, s, iv in zip(shape, reversed(strides), args[2:]):
+            for n, s, iv in zip(shape, row_major_strides(shape), args[2:]):
                 terms.append(f"(min(max(int({r(iv)}), 1), {n}) - 1) * {s}")
             return f"({', '.join(_lit(x) for x in flat)},)[{' + '.join(terms)}]"
         if op == "neg":
@@ -392,13 +388,7 @@ def _uses_idx(blk: Block, d: int) -> bool:
 def _row_pos(base: int, shape: tuple, pins: tuple, dims) -> str:
     names = {n: k for k, (n, _, _) in enumerate(dims)}
     terms = [str(base)]
-    st = 1
-    strides = []
-    for n in reversed(shape):
-        strides.append(st)
-        st *= n
-    strides.reverse()
-    for p, s in zip(pins, strides):
+    for p, s in zip(pins, row_major_strides(shape)):
         if isinstance(p, str):
             terms.append(f"(int(d{names[p]}) - 1) * {s}")
         else:

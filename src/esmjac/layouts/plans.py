@@ -27,7 +27,7 @@ from ..model.expr import Node, is_lit
 from ..model.layout import strides
 from .types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
 
-__all__ = ["ScatterPlan", "build_plan", "field_meta"]
+__all__ = ["ScatterPlan", "build_plan", "field_meta", "column_split"]
 
 _I = np.int64
 
@@ -429,6 +429,19 @@ def _csr(prog) -> tuple:
     return "point", arrays, info, 1
 
 
+def column_split(e: np.ndarray, shape: tuple, ns: int, axis: int) -> tuple:
+    """ColumnBanded coordinates of flat state elements ``e`` (species-major,
+    cells row-major): the column (lane) each lies in, and its unknown within
+    the column, level-major (``level*ns + species``)."""
+    N = int(np.prod(shape))
+    s, cell = np.divmod(e, N)
+    idx = np.unravel_index(cell, shape)
+    rest = [x for d, x in enumerate(idx) if d != axis]
+    rshape = [n for d, n in enumerate(shape) if d != axis]
+    lane = np.ravel_multi_index(rest, rshape) if rest else np.zeros_like(cell)
+    return lane, idx[axis] * ns + s
+
+
 def _column_banded(prog, layout: ColumnBanded) -> tuple:
     lay = prog.layout
     if prog.wrt != "states":
@@ -445,17 +458,8 @@ def _column_banded(prog, layout: ColumnBanded) -> tuple:
     C = N // nz
     j, row, col = _points(prog)
 
-    def split(e):
-        s, cell = np.divmod(e, N)
-        idx = np.unravel_index(cell, shape)
-        lev = idx[axis]
-        rest = [x for d, x in enumerate(idx) if d != axis]
-        rshape = [n for d, n in enumerate(shape) if d != axis]
-        lane = np.ravel_multi_index(rest, rshape) if rest else np.zeros_like(cell)
-        return lane, lev * ns + s
-
-    rl, ri = split(row)
-    cl, ci = split(col)
+    rl, ri = column_split(row, shape, ns, axis)
+    cl, ci = column_split(col, shape, ns, axis)
     if np.any(rl != cl):
         raise JacError("nonuniform_pattern",
                        f"the Jacobian couples different columns along axis {axis}; ColumnBanded "
