@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP_BASE := $(VENV)/.esmjac-base
 STAMP_TEST := $(VENV)/.esmjac-test
 
-.PHONY: demo test goldens bench clean
+.PHONY: demo test docs goldens bench clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,10 @@ test: $(STAMP_TEST)
 	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest -q
 
+# The documentation (the tests build it too, warnings as errors).
+docs: $(STAMP_TEST)
+	$(VPY) -m sphinx -b html -W --keep-going docs docs/_build/html
+
 # Regenerate our own goldens (explicit; tests never rewrite them).
 goldens: $(STAMP_BASE)
 	$(VPY) -m tests.support.goldens --write
@@ -48,4 +52,4 @@ bench: $(STAMP_TEST)
 	$(VPY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build

@@ -41,7 +41,7 @@ TRANSPORT = {"adv_interior": {"x": 10_000}, "flux_form_adv": {"x": 10_000, "xe":
 E2E_CELLS = 256
 E2E_T_END = 6 * 3600.0
 E2E_RTOL, E2E_ATOL = 1e-5, 1e-2          # molec cm^-3 (1e2 .. 1e19)
-DESIGN_CASADI_272 = 4.8e-6               # DESIGN §10: CasADi C route, 272 species, s per cell
+DESIGN_CASADI_272 = 4.8e-6               # docs/design.rst §10: CasADi C route, 272 species, s per cell
 
 SECTIONS = ("chem", "transport", "apply", "peers", "build", "e2e")
 

@@ -63,7 +63,7 @@ def evaluate_targets(ctx) -> None:
         else:
             x = DESIGN_CASADI_272 / b["per_lane_s"]
             line("T1", x >= 1.0, f"large mechanism ({b['model']}): eval_into {b['per_lane_s'] * 1e6:.2f} µs/cell "
-                 f"vs DESIGN's CasADi figure {DESIGN_CASADI_272 * 1e6:.1f} µs/cell at 272 species "
+                 f"vs the design's CasADi figure {DESIGN_CASADI_272 * 1e6:.1f} µs/cell at 272 species "
                  f"(not measured in this run) -> {x:.2f}x")
     # T2
     t2 = [r for r in ctx.find(method="esmjac.eval_into", threads=1) if r["bench"] in ("B1", "B2")
@@ -270,7 +270,7 @@ def results_md(ctx, path: pathlib.Path, plots: list, cmdline: str) -> None:
                      [[e.get("cpu"), e.get("cores"), e.get("numba_threads"), f"{e.get('memory_gib')} GiB",
                        e.get("load_start"), e.get("load_end"), e.get("platform")]]), "",
            "## Versions", "", md_table(list(v), [list(v.values())]), "",
-           "## Targets (DESIGN §10)", "", "```"]
+           "## Targets (docs/design.rst §10)", "", "```"]
     out += [f"{t['target']} {t['status']:4s} {t['text']}" for t in ctx.targets]
     out += ["```", ""]
 

@@ -1,4 +1,4 @@
-"""The benchmark suite of DESIGN §10: ``esmjac bench`` / ``benchmarks/run.py``.
+"""The benchmark suite of docs/design.rst §10: ``esmjac bench`` / ``benchmarks/run.py``.
 
 One run measures, side by side on the same model, point and machine:
 
@@ -126,7 +126,7 @@ def run_args(args, cmdline: str) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="benchmarks/run.py", description="esmjac benchmark suite (DESIGN §10)")
+    ap = argparse.ArgumentParser(prog="benchmarks/run.py", description="esmjac benchmark suite (docs/design.rst §10)")
     add_arguments(ap)
     args = ap.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv

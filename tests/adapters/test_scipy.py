@@ -228,3 +228,47 @@ def test_build_compiles_everything_the_solve_calls():
             fn = getattr(mod, ("s" if serial else "") + name)
             assert fn.signatures, f"{name} would compile inside the first solve"
     assert prob.nfev == 0 and prob.njev == 0
+
+
+# ------------------------------------------------------------------ one vocabulary
+
+def test_per_cell_parameters_through_p_are_the_forcing_override():
+    a = ivp(TROPO, p={"fj": FJ})
+    b = ivp(TROPO, forcing={"fj": FJ})
+    np.testing.assert_array_equal(a.forcing, b.forcing)
+    np.testing.assert_array_equal(a.fun(0.0, a.y0), b.fun(0.0, b.y0))
+    with pytest.raises(JacError) as e:
+        ivp(TROPO, p={"fj": FJ}, forcing={"fj": FJ})
+    assert e.value.code == "bad_argument" and "both" in e.value.message
+
+
+def test_misplaced_names_point_to_the_right_argument():
+    with pytest.raises(JacError) as e:
+        ivp(TROPO, y0={"fj": 1.0})
+    assert e.value.code == "bad_argument" and "forcing=" in e.value.message
+    with pytest.raises(JacError) as e:
+        ivp(TROPO, forcing={"T": 290.0})
+    assert e.value.code == "bad_argument" and "p=" in e.value.message
+
+
+def test_user_facing_callables_take_column_views():
+    from esmjac import RhsProgram
+    r = RhsProgram.build(TROPO)
+    Y = np.tile(r.u0[:, None], (1, 3))              # columns are strided views
+    np.testing.assert_array_equal(r(0.0, Y[:, 1]), r(0.0, r.u0.copy()))
+    prob = ivp(TROPO)
+    np.testing.assert_array_equal(prob.fun(0.0, Y[:, 2]), prob.fun(0.0, r.u0.copy()))
+    np.testing.assert_array_equal(prob.jac(0.0, Y[:, 2]).toarray(), prob.jac(0.0, r.u0.copy()).toarray())
+
+
+def test_an_underivable_operator_gets_the_same_code_as_the_cli():
+    from esmjac.calculus.bandset import BandSet
+    from tests.support.models import chem
+    d = chem(cells=2)
+    d["models"]["M"]["equations"][0]["rhs"]["expr"]["args"][0]["args"].append(
+        {"op": "erf", "args": [{"op": "index", "args": ["A", "i"]}]})
+    with pytest.raises(JacError) as cli:
+        BandSet.build(d)
+    with pytest.raises(JacError) as py:
+        ivp(d)
+    assert py.value.code == cli.value.code == "underivable_operator"

@@ -1,4 +1,4 @@
-"""DESIGN §3 catch-up items, each a regression test that fails on the old
+"""docs/design.rst §3 catch-up items, each a regression test that fails on the old
 behaviour (zero bands, declared types, un-pruned inlining, silent success)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SparseLaneLU on tiled LaneSparseBlocks storage (DESIGN §4 lane tiles).
+"""SparseLaneLU on tiled LaneSparseBlocks storage (docs/design.rst §4 lane tiles).
 
 Oracle: the untiled factorisation of the same matrices (itself checked
 against NumPy in tests/integrators/test_rosenbrock.py) — bitwise, since a

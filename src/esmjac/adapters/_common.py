@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import JacError
 from ..layouts.types import Csr
+from ..model.layout import local_name
 from ..runtime.programs import JacobianProgram, RhsProgram
 
 __all__ = ["build_programs", "fill_vector", "inputs", "csr_pattern", "bandwidths", "Counters", "Problem"]
@@ -21,9 +22,21 @@ __all__ = ["build_programs", "fill_vector", "inputs", "csr_pattern", "bandwidths
 
 def build_programs(source, model, build_options) -> tuple:
     """(RhsProgram, JacobianProgram wrt states, Csr plan) of ``source``."""
-    r = RhsProgram.build(source, model, options=build_options)
+    # The Jacobian first: a model the calculus refuses is refused with the
+    # same code (underivable_operator...) as ``esmjac bands`` gives it.
     j = JacobianProgram.build(source, model, "states", options=build_options)
+    r = RhsProgram.build(source, model, options=build_options)
     return r, j, j.plan(Csr(), source=r)
+
+
+def _hint(layout, key: str, what: str) -> str:
+    """Why a key is unknown here when it names a parameter of the other kind."""
+    base = local_name(layout.scope, key).partition("[")[0]
+    if base in layout.forcing and what != "forcing":
+        return f" (`{base}` is a per-cell parameter: pass it in forcing=)"
+    if base in layout.params and what == "forcing":
+        return f" (`{base}` is a scalar parameter: pass it in p=)"
+    return ""
 
 
 def fill_vector(base: np.ndarray | None, layout, names: tuple, value, n: int, what: str) -> np.ndarray:
@@ -41,7 +54,13 @@ def fill_vector(base: np.ndarray | None, layout, names: tuple, value, n: int, wh
                            "pass a full vector instead of a dict")
         out = np.array(base, dtype=np.float64, copy=True)
         for key, val in value.items():
-            pos = layout.positions(names, str(key), what)
+            try:
+                pos = layout.positions(names, str(key), what)
+            except JacError as exc:
+                hint = _hint(layout, str(key), what)
+                if not hint:
+                    raise
+                raise JacError(exc.code, f"{exc.message}{hint}") from None
             arr = np.asarray(val, dtype=np.float64)
             if arr.size not in (1, len(pos)):
                 raise JacError("bad_argument", f"`{key}` takes 1 or {len(pos)} values, got {arr.size}")
@@ -53,9 +72,35 @@ def fill_vector(base: np.ndarray | None, layout, names: tuple, value, n: int, wh
     return arr.copy()
 
 
+def _route_cell_parameters(lay, p, forcing):
+    """Per-cell parameters are forcing fields of the programs (one value per
+    cell); a ``p=`` dict naming one is moved to ``forcing=`` (the same
+    override, where the programs take it). A full ``forcing`` vector beside
+    such a key is ambiguous and refused."""
+    if not isinstance(p, dict):
+        return p, forcing
+    moved = {k: v for k, v in p.items() if local_name(lay.scope, str(k)).partition("[")[0] in lay.forcing}
+    if not moved:
+        return p, forcing
+    if forcing is not None and not isinstance(forcing, dict):
+        raise JacError("bad_argument",
+                       f"{', '.join(map(str, moved))}: per-cell parameter(s) given in p= while forcing= "
+                       "is a full vector; put them in that vector (they are forcing fields) or pass "
+                       "forcing as a dict")
+    both = set(moved) & set(forcing or {})
+    if both:
+        raise JacError("bad_argument", f"{', '.join(sorted(map(str, both)))} given in both p= and forcing=")
+    return ({k: v for k, v in p.items() if k not in moved}, {**(forcing or {}), **moved})
+
+
 def inputs(r: RhsProgram, y0, p, forcing) -> tuple:
-    """(y0, p, forcing) flat float64 vectors (forcing None when the model has none)."""
+    """(y0, p, forcing) flat float64 vectors (forcing None when the model has none).
+
+    ``p`` may name per-cell parameters (shape ``[cell]``): they are forcing
+    fields of the compiled programs and go there (an array of one value per
+    cell, or a scalar for all)."""
     lay = r.layout
+    p, forcing = _route_cell_parameters(lay, p, forcing)
     lanes = r.cells if r.kind == "cell" else 1
     y = fill_vector(r.u0, lay, lay.states, y0, r.u_size(lanes), "initial state")
     pv = fill_vector(r.p0, lay, lay.params, p, len(lay.params), "parameter vector")

@@ -1,5 +1,5 @@
 """The native Rosenbrock leaf: what an operator-split host model calls for its
-chemistry step (DESIGN §12).
+chemistry step (docs/design.rst §12).
 
 ``leaf = rosenbrock(source)`` builds the right-hand side and the Jacobian
 (LaneSparseBlocks, Markowitz order, fill-in slots) of a per-cell mechanism

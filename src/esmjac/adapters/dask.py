@@ -2,7 +2,7 @@
 
 The state is a ``dask.array`` of shape ``(n_species, cells)`` chunked along
 cells only -- each chunk is a lane block in the species-major lane layout
-(DESIGN §4: ``u[s*w + l]`` for a chunk of ``w`` cells) -- or an
+(docs/design.rst §4: ``u[s*w + l]`` for a chunk of ``w`` cells) -- or an
 ``xarray.Dataset`` with one variable per species over any cell dimensions
 (stacked to one lane axis, unstacked on return), or a ``DataArray`` with a
 leading ``species`` dimension. Every function returns the kind it was given.

@@ -1,9 +1,9 @@
 """The symbolic half: bands of ∂f/∂(states | parameters | t).
 
 Pipeline per differential equation: inline the observed the targets can
-move (pruned, DESIGN §3.3), intersect the right-hand side's names with the
+move (pruned, docs/design.rst §3.3), intersect the right-hand side's names with the
 target set, and run the band calculus for each hit in sorted order. The
-non-empty gate (DESIGN §3.4) refuses a build that writes array states yet
+non-empty gate (docs/design.rst §3.4) refuses a build that writes array states yet
 produced no band at all.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ and ``index``-of-array-expression β-reduction.
   region-membership ``ifelse`` folded from the first region outward (later
   regions override, esm-spec §4.3.2); a ``const`` table read stays a closed
   ``index(const, …)`` gather.
-* Pruning (DESIGN §3.3): only observed that can move with a differentiation
+* Pruning (docs/design.rst §3.3): only observed that can move with a differentiation
   target (transitively), or that a subscript needs at build time, are
   inlined. The target scan is a set intersection per definition.
 """

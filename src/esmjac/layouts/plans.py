@@ -1,5 +1,5 @@
 """Scatter plans: the checked map from a program's band slab to a storage
-layout (DESIGN §4–§6).
+layout (docs/design.rst §4–§6).
 
 A plan is a *gather*: every output slot lists the slab entries that sum
 into it, in plan order (band order, then point order), so accumulation is
@@ -274,7 +274,7 @@ def _plain(x):
 
 
 def build_plan(prog, layout) -> ScatterPlan:
-    """Build and check a plan of ``prog`` for ``layout`` (DESIGN §5–§6)."""
+    """Build and check a plan of ``prog`` for ``layout`` (docs/design.rst §5–§6)."""
     if isinstance(layout, (LaneBlocks, LaneSparseBlocks)):
         if prog.kind != "cell":
             raise JacError("nonuniform_pattern",

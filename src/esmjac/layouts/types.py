@@ -1,4 +1,4 @@
-"""Storage layouts a plan can target (DESIGN §4). Plain frozen values."""
+"""Storage layouts a plan can target (docs/design.rst §4). Plain frozen values."""
 from __future__ import annotations
 
 from dataclasses import dataclass

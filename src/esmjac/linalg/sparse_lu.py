@@ -13,7 +13,7 @@ contiguous run of lanes.
 
 Storage ("LaneSparseBlocks"): slot ``q`` (the index of ``(r, c)`` in the
 pattern) of lane ``l`` is ``A[((l // W) * nnz + q) * W + l % W]`` for lane
-tiles of ``W`` (DESIGN §4); one tile of all ``L`` lanes (``W = L``, the
+tiles of ``W`` (docs/design.rst §4); one tile of all ``L`` lanes (``W = L``, the
 default) is ``A[q*L + l]``. Right-hand sides are never tiled: ``b[i*L + l]``.
 Within a tile lanes are fastest, so each op is a unit-stride loop the
 compiler vectorises; work items are blocks of ``CHUNK`` lanes that never

@@ -36,7 +36,7 @@ from .expr import AGG, Node, from_ast
 from .load import SystemView, lhs_state
 
 __all__ = ["ModelLayout", "model_layout", "ode_states", "element_name", "element_names",
-           "parse_key", "strides", "Point", "resolve_point", "default_vectors"]
+           "local_name", "parse_key", "strides", "Point", "resolve_point", "default_vectors"]
 
 
 # ------------------------------------------------------------------ numbering
@@ -74,12 +74,16 @@ def strides(shape: tuple) -> tuple:
     return tuple(st[::-1])
 
 
+def local_name(scope: str, key: str) -> str:
+    """A user key (scoped or bare) without the model's scope."""
+    return key[len(scope):] if scope and key.startswith(scope) and key[len(scope):] else key
+
+
 def parse_key(scope: str, key: str, shapes, what: str = "name") -> tuple:
     """``(variable, index)`` of a user key: ``index`` is the 0-based
     element tuple, or ``None`` for a whole-variable key. ``shapes`` maps the
     known variables to their shapes; anything else is refused."""
-    k = key[len(scope):] if scope and key.startswith(scope) and key[len(scope):] else key
-    base, _, rest = k.partition("[")
+    base, _, rest = local_name(scope, key).partition("[")
     if base not in shapes:
         raise JacError("bad_argument", f"unknown {what} `{key}`; known: {', '.join(shapes)}")
     if not rest:

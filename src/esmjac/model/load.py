@@ -1,4 +1,4 @@
-"""The earthsci-ast boundary, and the catch-up items of DESIGN §3.
+"""The earthsci-ast boundary, and the catch-up items of docs/design.rst §3.
 
 Loading, schema validation, template expansion, coupling and flattening are
 earthsci-ast's job; this module only calls it and converts what comes back
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JacError
-from .expr import AGG, Node, from_ast, lhs_state
+from .expr import from_ast, lhs_state
 from .validate import validate_view
 
 __all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state"]

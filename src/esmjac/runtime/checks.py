@@ -1,5 +1,5 @@
 """Argument, alias and workspace checks: everything a call verifies in
-Python before compiled code runs (DESIGN §6: never a segfault, never a
+Python before compiled code runs (docs/design.rst §6: never a segfault, never a
 silently wrong result).
 
 * **Arrays** (:func:`vector`): a plain 1-D C-contiguous ``float64``/``float32``

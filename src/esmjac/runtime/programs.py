@@ -7,7 +7,7 @@ cache) and read-only index arrays. All mutable scratch (band slab, hoisted
 values, the lane→cell map) lives in a workspace (:mod:`.workspace`), one
 per thread.
 
-Lane layout (DESIGN §4): a ``cell`` program stores states species-major with
+Lane layout (docs/design.rst §4): a ``cell`` program stores states species-major with
 lanes fastest, ``u[s*L + l]``; with ``L`` = number of cells this is exactly
 ``earthsci_ast.evaluate_rhs``'s flat order (variables in declaration order,
 elements row-major). A ``global`` program has one lane: ``u`` is that flat
@@ -311,7 +311,13 @@ class RhsProgram(_Product, _Base):
         return name
 
     def __call__(self, t: float, y: np.ndarray, p=None, forcing=None) -> np.ndarray:
-        """``f(t, y)`` with the document's parameter defaults (solver style)."""
+        """``f(t, y)`` with the document's parameter defaults (solver style).
+
+        A user-facing callable: ``y`` may be any float array view (SciPy's
+        finite differences pass column views); it is copied to a contiguous
+        vector when needed. ``eval_into`` itself stays strict."""
+        if isinstance(y, np.ndarray) and y.dtype in _DTYPES and y.ndim == 1:
+            y = np.ascontiguousarray(y)
         out = np.empty_like(y)
         return self.eval_into(y, self.p0 if p is None else p, t, forcing, out)
 

@@ -1,7 +1,7 @@
 """Numba thread counts: the one place that reads or switches them.
 
 esmjac's kernels are ``parallel=True``. Results never depend on the thread
-count (DESIGN §7), but cost does: on small calls the fork/join of a
+count (docs/design.rst §7), but cost does: on small calls the fork/join of a
 parallel region costs more than the work (measured: 64 cells of a
 15-species mechanism, 2–8 ms per call on 2 threads against 7–30 µs on
 one). So programs run calls below :data:`SERIAL_BELOW` state elements on
