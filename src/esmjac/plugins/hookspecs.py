@@ -42,8 +42,7 @@ class Adapter:
 
     ``name``      short adapter name, e.g. ``"scipy"``.
     ``version``   version of the solver package it drives (``""`` if absent).
-    ``kinds``     kind → factory, e.g. ``{"sundials.cvode": cvode, "sundials.ida": ida}``;
-                  ``factory(source, **options)`` returns the solver-facing object.
+    ``kinds``     kind → factory, e.g. ``{"sundials.ida": ida}``; ``factory(source, **options)``.
     ``available`` whether its solver package is installed (checked without importing it).
     ``detail``    which package/version it uses, or why it is unavailable and how to fix it.
     """

@@ -489,10 +489,10 @@ class JacobianProgram(_Product, _Base):
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
 
-    def _fused_kernel(self, plan: ScatterPlan, ws: JacWorkspace) -> Kernel:
+    def _fused_kernel(self, plan: ScatterPlan, ws: JacWorkspace | None = None) -> Kernel:
         """The plan-specific fused kernel: generated once per process and
         plan (content-hashed on disk), remembered by the workspace."""
-        if ws.fused is not None and ws.fused[0] == plan.key:
+        if ws is not None and ws.fused is not None and ws.fused[0] == plan.key:
             return ws.fused[1]
         memo = (self.fingerprint, plan.key)
         k = _FUSED.get(memo)
@@ -503,7 +503,8 @@ class JacobianProgram(_Product, _Base):
             k = compile_doc(self.doc, {**ENGINE_OPTIONS, "engine": "codegen"},
                             title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
             _FUSED[memo] = k
-        ws.fused = (plan.key, k)
+        if ws is not None:
+            ws.fused = (plan.key, k)
         return k
 
     def _slab_of(self, ws: JacWorkspace):
