@@ -38,9 +38,11 @@ def test_all_input_forms_agree(tmp_path):
 def test_model_selection():
     d = chem()
     d["models"]["Other"] = copy.deepcopy(d["models"]["M"])
-    with pytest.raises(JacError) as ei:
-        BandSet.build(d)
-    assert ei.value.code == "ambiguous_model"
+    # Without model=, the whole document (both models, flattened and scoped),
+    # as earthsci_ast's problem builds it.
+    whole = BandSet.build(d)
+    assert len(whole.entries) == 8
+    assert {e.row for e in whole.entries} == {"M.A", "M.B", "Other.A", "Other.B"}
     assert len(BandSet.build(d, model="Other").entries) == 4
     with pytest.raises(JacError) as ei:
         BandSet.build(d, model="Nope")

@@ -60,7 +60,8 @@ def cmd_block(args) -> int:
 CHECK_EXIT = {0: "the Jacobian agrees with finite differences at every point",
               1: "a mismatch, or an entry finite differences see outside the stored pattern",
               2: "the document or an option was refused (a typed esmjac error on stderr)",
-              3: "nothing to check: the document has no ODE states"}
+              3: "an internal error (a bug: rerun with --debug for the traceback)",
+              4: "nothing to check: the document has no ODE states"}
 
 
 def cmd_check(args) -> int:
@@ -71,7 +72,7 @@ def cmd_check(args) -> int:
     for r, c, v in rep.uncovered[:10]:
         print(f"  uncovered: d {r} / d {c} = {v:.6g} (finite differences; not in the stored pattern)")
     if rep.nothing_to_check:
-        return 3
+        return 4
     return 0 if rep.ok else 1
 
 

@@ -187,6 +187,9 @@ def typed_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise JacError("internal_error", f"{fn.__qualname__} ran out of memory ({exc or 'MemoryError'}); "
                            "the model is too large for this machine") from exc
         except Exception as exc:
+            if type(exc).__module__.split(".")[0] == "earthsci_ast":
+                raise JacError("load_error", f"earthsci-ast could not handle the document in "
+                               f"{fn.__qualname__}: {type(exc).__name__}: {exc}") from exc
             raise JacError("internal_error", f"{fn.__qualname__} failed unexpectedly: "
                            f"{type(exc).__name__}: {exc}") from exc
 

@@ -28,7 +28,7 @@ import dask.array as da  # noqa: E402
 from esmjac import JacobianProgram, LaneBlocks, LaneSparseBlocks, RhsProgram  # noqa: E402
 from esmjac.adapters import dask as ad  # noqa: E402
 from esmjac.errors import JacError  # noqa: E402
-from esmjac.models.gridded import column_model, gridded_tropo12  # noqa: E402
+from esmjac.models.gridded import diffusion_model, gridded_tropo12  # noqa: E402
 
 N = 240
 CHUNKINGS = [N, 64, (50, 90, 7, 93)]     # one chunk, even chunks, ragged chunks
@@ -225,11 +225,49 @@ def test_one_workspace_per_thread_reused(case):
     assert before and before == after
 
 
+def _index_model(n: int) -> dict:
+    """Two species whose exchange rate grows with the cell number ``i``: the
+    kernels read cell index values, so chunks must see their real cells."""
+    def at(x):
+        return {"op": "index", "args": [x, "i"]}
+
+    def eq(x, e):
+        return {"lhs": {"op": "D", "args": [x], "wrt": "t"},
+                "rhs": {"op": "faq", "output_idx": ["i"], "args": [], "ranges": {"i": {"from": "cell"}},
+                        "expr": e}}
+    flow = {"op": "*", "args": ["k", "i", at("A")]}
+    return {"esm": "1.1.0", "metadata": {"name": "IndexRate"},
+            "index_sets": {"cell": {"kind": "interval", "size": n}},
+            "models": {"M": {"variables": {"A": {"type": "unknown", "shape": ["cell"], "default": 1.0},
+                                           "B": {"type": "unknown", "shape": ["cell"], "default": 0.5},
+                                           "k": {"type": "parameter", "default": 0.1}},
+                             "equations": [eq("A", {"op": "+", "args": [{"op": "*", "args": [-1, flow]}, at("B")]}),
+                                           eq("B", {"op": "+", "args": [flow, {"op": "*", "args": [-1, at("B")]}]})]}}}
+
+
+def test_index_dependent_model_sees_its_real_cells(client):
+    n = 30
+    doc = _index_model(n)
+    m = ad.model(doc)
+    assert not m.spec.template            # shipped whole: the kernels read the cell index
+    r, j = RhsProgram.build(doc), JacobianProgram.build(doc)
+    pl = j.plan(LaneSparseBlocks(), source=r)
+    u = np.random.default_rng(5).uniform(0.5, 1.5, (2, n))
+    uf = np.ascontiguousarray(u.ravel())
+    ref_f = r.eval_into(uf, r.p0, 0.0, None, np.empty(uf.size)).reshape(2, n)
+    ref_j = j.eval_into(pl, uf, j.p0, 0.0, None, np.zeros(pl.out_size(n)), j.new_workspace()).reshape(-1, n)
+    # by hand: dA/dt = -0.1 i A + B
+    assert np.allclose(ref_f[0], -0.1 * np.arange(1, n + 1) * u[0] + u[1], rtol=1e-14)
+    U = da.from_array(u, chunks=(2, 7))
+    f, jj = client.compute([ad.rhs(doc, U), ad.jacobian(doc, U)], sync=True)
+    assert np.array_equal(f, ref_f) and np.array_equal(jj, ref_j)
+
+
 # ------------------------------------------------------------------ refusals
 
 def test_stencil_model_is_refused():
     with pytest.raises(JacError) as ei:
-        ad.model(column_model(3, 5))
+        ad.model(diffusion_model(6))
     assert ei.value.code == "unsupported_construct"
     assert "operator-split" in ei.value.message
 
@@ -252,40 +290,18 @@ def test_bad_inputs_are_typed(case):
 
 # ------------------------------------------------------------------ advance (the Rosenbrock leaf per chunk)
 
-NA = 24                          # cells integrated (the per-lane stand-in costs ~30 ms a cell)
+NA = 48                          # cells integrated
 T_SPAN = (0.0, 600.0)
 RTOL = 1e-3
 
 
 def _one_process_advance(doc, u, fj, atol):
-    """The oracle: one process, every lane of the grid at once (the leaf), or
-    lane by lane with the lock-step integrator where the leaf is absent."""
-    from esmjac.runtime.programs import JacobianProgram, RhsProgram
-    ns = u.shape[0]
-    try:
-        from esmjac.adapters._leaf import rosenbrock as leaf
-    except ImportError:
-        leaf = None
-    if leaf is not None:
-        lf = leaf(doc, rtol=RTOL, atol=atol, threads=1)
-        y = np.ascontiguousarray(u.ravel())
-        st = lf.advance(y, T_SPAN[0], T_SPAN[1] - T_SPAN[0], forcing={"fj": fj})
-        return y.reshape(ns, -1), st.status.copy()
-    from esmjac.integrators.rosenbrock import rosenbrock
-    r, j = RhsProgram.build(doc), JacobianProgram.build(doc)
-    pl = j.plan(LaneSparseBlocks(), source=r)
-    out, status = u.copy(), np.zeros(u.shape[1], dtype=int)
-    for c in range(u.shape[1]):
-        ws, sc = j.new_workspace(1), r.new_buffers(1)
-        ws.set_lane_order([c], j.layout.cell_shape)
-        sc.cix = ws.cix
-        f = fj[c:c + 1].copy()
-        res = rosenbrock(lambda t, y, o: r.eval_into(y, r.p0, t, f, o, sc),
-                         lambda t, y, o: j.eval_into(pl, y, j.p0, t, f, o, ws),
-                         u[:, c].copy(), T_SPAN, n=ns, lanes=1, lu_pattern=[tuple(x) for x in pl.info["lu_pattern"]],
-                         perm=tuple(pl.info["ordering"]), rtol=RTOL, atol=atol)
-        out[:, c], status[c] = res.y, 0 if res.success else 2
-    return out, status
+    """The oracle: the leaf in this process over every lane of the grid at once."""
+    from esmjac.adapters._leaf import rosenbrock as leaf
+    lf = leaf(doc, rtol=RTOL, atol=atol, threads=1)
+    y = u.ravel().copy()                          # advance works in place
+    st = lf.advance(y, T_SPAN[0], T_SPAN[1] - T_SPAN[0], forcing={"fj": fj})
+    return y.reshape(u.shape), st.status.copy()
 
 
 @pytest.fixture(scope="module")
@@ -299,7 +315,7 @@ def adv_case(case):
     return dict(doc=doc, u=u, fj=fj, atol=atol, y=y)
 
 
-@pytest.mark.parametrize("chunks", [NA, 8, (5, 11, 8)], ids=["one", "even", "ragged"])
+@pytest.mark.parametrize("chunks", [NA, 16, (5, 19, 24)], ids=["one", "even", "ragged"])
 def test_advance_bitwise_on_two_processes(client, adv_case, chunks):
     ns = adv_case["u"].shape[0]
     U = da.from_array(adv_case["u"], chunks=(ns, chunks))

@@ -114,7 +114,7 @@ def test_nothing_to_check_is_said_not_ok(tmp_path, capsys):
     assert not rep.summary().startswith("OK")
     f = tmp_path / "obs.esm"
     f.write_text(json.dumps(_obs_only()))
-    assert main(["check", str(f)]) == 3
+    assert main(["check", str(f)]) == 4
     assert "nothing to check: no ODE states" in capsys.readouterr().out
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.child import run_child
 
-EXAMPLES = 100
+EXAMPLES = 150
 
 
 def test_the_call_surface_fuzz_finds_no_crash_no_bare_traceback_and_no_wrong_answer(tmp_path):

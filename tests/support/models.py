@@ -72,3 +72,17 @@ def chapman(cells: int = 3) -> dict:
     return mechanism_doc("Chapman", species, params, reactions, cells,
                          description="Chapman cycle with O(1D), molecules cm^-3",
                          units={s: "molec/cm^3" for s in species})
+
+
+def chem_jacobian(u, k1: float, k2: float):
+    """Hand-derived state Jacobian of :func:`chem` at ``u`` (species-major,
+    ``u = [A_1..A_n, B_1..B_n]``): per cell ∂f_A/∂A = -k1, ∂f_A/∂B = 2 k2 B,
+    ∂f_B/∂A = k1, ∂f_B/∂B = -4 k2 B."""
+    import numpy as np
+    u = np.asarray(u, dtype=float)
+    cells = u.size // 2
+    J = np.zeros((u.size, u.size))
+    for c in range(cells):
+        a, b = c, cells + c
+        J[a, a], J[a, b], J[b, a], J[b, b] = -k1, 2 * k2 * u[b], k1, -4 * k2 * u[b]
+    return J

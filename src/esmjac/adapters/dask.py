@@ -17,9 +17,10 @@ compiled), under a process lock so that many simultaneous tasks build once;
 each worker thread keeps one workspace per (program, chunk width), reused
 by every later task. A cell program's kernels do not depend on the cell
 count (checked at spec time: the templates at two and three cells must give
-the same kernel hashes), so the template evaluates any number of lanes; the
-lane → grid-cell map (``cix``) of each chunk is that of the real grid, so
-index-dependent expressions see their true cell.
+the same kernel hashes, and the kernels must not read cell index values),
+so the template evaluates any number of lanes. A model whose expressions
+read the cell index is shipped whole instead: each worker builds the full
+grid once and each chunk's lane map names its real cells.
 
 The same bits: every chunk runs the same kernels on the same lane values as
 one process does over the whole grid, so results are bitwise those of
@@ -51,7 +52,7 @@ from ..runtime import checks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
-           "SPECIES_DIM", "SLOT_DIM", "CELL_DIM"]
+           "held_bytes", "SPECIES_DIM", "SLOT_DIM", "CELL_DIM"]
 
 #: Dimension names of the DataArray forms.
 SPECIES_DIM = "species"
@@ -171,6 +172,7 @@ _BUILT: dict = {}
 BUILDS: Counter = Counter()
 _TLS = threading.local()
 _WS_PER_THREAD = 8
+_CACHES: list = []            # every thread's scratch cache (for held_bytes)
 
 
 def _built(spec: _Spec) -> _Built:
@@ -200,6 +202,8 @@ def _scratch(spec: _Spec, what: str, lanes: int, make):
     cache = getattr(_TLS, "ws", None)
     if cache is None:
         cache = _TLS.ws = OrderedDict()
+        with _BUILD_LOCK:
+            _CACHES.append(cache)
     key = (spec.key, what, lanes)
     s = cache.get(key)
     if s is None:
@@ -210,6 +214,45 @@ def _scratch(spec: _Spec, what: str, lanes: int, make):
     else:
         cache.move_to_end(key)
     return s
+
+
+_BUILD_PRODUCTS = ("_Built", "RhsProgram", "JacobianProgram", "ScatterPlan", "SparseLaneLU")
+
+
+def held_bytes() -> dict:
+    """Bytes of scratch this process holds, by lane count: every worker
+    thread's workspaces, buffers and integrator scratch (NumPy arrays reached
+    from them, each counted once). For the scale benchmark's bytes per lane;
+    run it on the workers with ``client.run(held_bytes)``."""
+    seen: set = set()
+    out: Counter = Counter()
+
+    def walk(x, depth, lanes):
+        if isinstance(x, np.ndarray):
+            base = x if x.base is None else x.base
+            if id(base) not in seen and isinstance(base, np.ndarray):
+                seen.add(id(base))
+                out[lanes] += base.nbytes
+            return
+        if depth > 5 or isinstance(x, (str, bytes, int, float, type(None))):
+            return
+        if isinstance(x, dict):
+            for v in x.values():
+                walk(v, depth + 1, lanes)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, depth + 1, lanes)
+        elif hasattr(x, "__dict__") and not isinstance(x, type) and type(x).__module__.startswith("esmjac") \
+                and type(x).__name__ not in _BUILD_PRODUCTS:
+            for v in vars(x).values():
+                walk(v, depth + 1, lanes)
+
+    with _BUILD_LOCK:
+        caches = list(_CACHES)
+    for cache in caches:
+        for (key, role, lanes), obj in list(cache.items()):
+            walk(obj, 0, lanes)
+    return dict(out)
 
 
 class _Threads:
@@ -231,9 +274,22 @@ class _Threads:
             numba.set_num_threads(self.prev)
 
 
-def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray:
+def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray | None:
+    """The chunk's lane → grid-cell map, or None where the kernels never read
+    cell indices (template specs: the workspace's own map then serves)."""
+    if spec.template:
+        return None
     from ..runtime.workspace import lane_cells
     return lane_cells(spec.cell_shape, lanes, np.arange(start, start + lanes))
+
+
+def _reads_cells(prog) -> bool:
+    """Whether a program's kernels read cell index values (``cix``)."""
+    k = prog.kernel
+    if k.engine == "tape":
+        from ..compile.tape import _OPC
+        return any(bool(np.any(t.code[:, 0] == _OPC["idx"])) for t in k.tapes)
+    return "cix[" in k.source
 
 
 def _flat(block: np.ndarray | None, dtype) -> np.ndarray | None:
@@ -248,7 +304,9 @@ def _start(block_info) -> int:
 
 def _jac_ws(spec: _Spec, b: _Built, lanes: int, start: int):
     ws = _scratch(spec, "jac", lanes, lambda: b.jac.new_workspace(lanes))
-    ws.cix = _cix(spec, start, lanes)
+    cix = _cix(spec, start, lanes)
+    if cix is not None:
+        ws.cix = cix
     return ws
 
 
@@ -260,7 +318,9 @@ def _rhs_block(u, f, spec, p, t, threads, block_info=None):
     uu = _flat(u, u.dtype)
     out = np.empty_like(uu)
     sc = _scratch(spec, "rhs", w, lambda: b.rhs.new_buffers(w))
-    sc.cix = _cix(spec, _start(block_info), w)
+    cix = _cix(spec, _start(block_info), w)
+    if cix is not None:
+        sc.cix = cix
     with _Threads(threads):
         b.rhs.eval_into(uu, p, t, _flat(f, u.dtype), out, sc)
     return out.reshape(u.shape)
@@ -314,6 +374,7 @@ class DaskModel:
     p0: np.ndarray
     forcing_defaults: dict        # forcing name → scalar default (those that have one)
     cells: int                    # cells of the real grid
+    u0: dict = field(default_factory=dict)   # species → the document's default (its first cell)
     lu_pattern: tuple = ()
     kind: str = "cell"
     _built: Any = field(default=None, repr=False)
@@ -402,7 +463,7 @@ def _make_model(doc: dict, model_name, opts: dict, cells: int | None) -> DaskMod
             tdoc = _resized(doc, sets, _TEMPLATE_CELLS)
             r2 = RhsProgram.build(tdoc, model_name, options=opts)
             j2 = JacobianProgram.build(tdoc, model_name, options=opts)
-            if r2.kind == "cell" and j2.kind == "cell":
+            if r2.kind == "cell" and j2.kind == "cell" and not (_reads_cells(r2) or _reads_cells(j2)):
                 t3 = _resized(doc, sets, _TEMPLATE_CELLS + 1)
                 r3 = RhsProgram.build(t3, model_name, options=opts)
                 j3 = JacobianProgram.build(t3, model_name, options=opts)
@@ -442,9 +503,12 @@ def _make_model(doc: dict, model_name, opts: dict, cells: int | None) -> DaskMod
     lay = built.rhs.layout
     fdef = _forcing_defaults(doc, model_name, lay.forcing)
     lsb = built.plan(_lsb()())
+    u0 = np.asarray(built.rhs.u0, dtype=np.float64).reshape(len(lay.states), -1)[:, 0] \
+        if built.rhs.u0 is not None else np.zeros(len(lay.states))
     return DaskModel(spec, tuple(lay.states), tuple(lay.forcing), tuple(lay.params),
                      np.array(built.rhs.p0, dtype=np.float64), fdef, n_real,
-                     tuple(tuple(x) for x in lsb.info["lu_pattern"]), "cell")
+                     dict(zip(lay.states, u0.tolist())), tuple(tuple(x) for x in lsb.info["lu_pattern"]),
+                     "cell")
 
 
 def _forcing_defaults(doc: dict, model_name, names) -> dict:
@@ -743,11 +807,7 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
     """The leaf's default absolute tolerance (``ATOL_FRACTION`` of each
     species' largest default over the document's cells), from the document
     itself so that every chunk and one process use the same values."""
-    fraction = 1e-6
-    try:
-        from ._leaf import ATOL_FRACTION as fraction      # the leaf's own constant, when present
-    except ImportError:
-        pass
+    from ._leaf import ATOL_FRACTION as fraction
     models = doc.get("models") or {}
     m = models.get(model_name.split(".")[0]) if model_name else next(iter(models.values()), {})
     var = (m or {}).get("variables") or {}
@@ -756,54 +816,6 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
     top = float(scale.max()) if scale.size else 1.0
     top = top if top > 0 else 1.0
     return fraction * np.maximum(scale, 1e-6 * top)
-
-
-class _PerLane:
-    """Stand-in for the per-lane Rosenbrock leaf where it is not installed:
-    today's lock-step integrator run one lane at a time (so that, as with the
-    leaf, a lane's trajectory depends on its own inputs only)."""
-
-    def __init__(self, b: _Built, p, method, rtol, atol, max_steps):
-        from ..layouts.types import LaneSparseBlocks
-        self.b, self.p, self.method = b, p, method
-        self.rtol, self.atol, self.max_steps = rtol, atol, max_steps
-        self.plan = b.plan(LaneSparseBlocks())
-        self.ws = b.jac.new_workspace(1)
-        self.sc = b.rhs.new_buffers(1)
-
-    def advance(self, u, t0, dt, forcing, cix):
-        from ..integrators.rosenbrock import rosenbrock as integrate
-        n = self.b.rhs.n_species
-        L = u.size // n
-        nf = 0 if forcing is None else forcing.size // L
-        info = self.plan.info
-        stats = np.zeros((len(STAT_ROWS), L))
-        ncd = cix.size // L
-        for l in range(L):
-            f = None if forcing is None else np.ascontiguousarray(forcing.reshape(nf, L)[:, l])
-            self.ws.cix = self.sc.cix = np.ascontiguousarray(cix.reshape(ncd, L)[:, l])
-            rhs, jac, plan, ws, sc, p = self.b.rhs, self.b.jac, self.plan, self.ws, self.sc, self.p
-
-            def fun(t, y, out):
-                rhs.eval_into(y, p, t, f, out, sc)
-
-            def jfun(t, y, out):
-                jac.eval_into(plan, y, p, t, f, out, ws)
-
-            try:
-                r = integrate(fun, jfun, np.ascontiguousarray(u.reshape(n, L)[:, l]), (t0, t0 + dt), n=n,
-                              lanes=1, lu_pattern=[tuple(x) for x in info["lu_pattern"]],
-                              perm=tuple(info["ordering"]), rtol=self.rtol, atol=self.atol,
-                              method=self.method, max_steps=self.max_steps)
-            except JacError:            # a non-finite Jacobian at this lane: it fails alone
-                stats[:, l] = (4, 0, 0, 0, t0)
-                continue
-            ok = r.success and np.all(np.isfinite(r.y))
-            if ok:
-                u.reshape(n, L)[:, l] = r.y
-            stats[:, l] = (0 if ok else (2 if r.nsteps >= self.max_steps else 4), r.nsteps, r.naccept,
-                           r.nreject, r.t if ok else t0)
-        return stats
 
 
 class _Leaf:
@@ -817,6 +829,11 @@ class _Leaf:
                                    clip_negative=False, max_steps=max_steps, max_rejects=50, h0=None)
 
     def advance(self, u, t0, dt, forcing, cix):
+        L = u.size // self.leaf.n_species
+        if cix is not None:
+            # the leaf numbers its lanes from cell 0 of the grid: give it
+            # this chunk's cells, for index-dependent expressions
+            self.leaf._scratch_for(L, 1)[3][:] = cix
         st = self.leaf.advance(u, t0, dt, forcing=forcing)
         return np.stack([st.status, st.nsteps, st.naccept, st.nreject, st.t]).astype(np.float64)
 
@@ -824,12 +841,7 @@ class _Leaf:
 def _integrator(spec, b, p, method, rtol, atol, max_steps, lanes):
     key = ("leaf", p.tobytes(), method, rtol, atol.tobytes(), max_steps)
 
-    def make():
-        try:
-            return _Leaf(b, p, method, rtol, atol, max_steps)
-        except ImportError:
-            return _PerLane(b, p, method, rtol, atol, max_steps)
-    return _scratch(spec, key, lanes, make)
+    return _scratch(spec, key, lanes, lambda: _Leaf(b, p, method, rtol, atol, max_steps))
 
 
 def _advance_block(u, f, spec, p, t0, dt, method, rtol, atol, max_steps, threads, block_info=None):
@@ -842,6 +854,15 @@ def _advance_block(u, f, spec, p, t0, dt, method, rtol, atol, max_steps, threads
     with _Threads(threads):
         stats = leaf.advance(y, t0, dt, fz, cix)
     return np.concatenate([y.reshape(n, w), stats], axis=0)
+
+
+def _check_autonomous(m: DaskModel) -> None:
+    from ..model.expr import free_names
+    rhs = _client_built(m).rhs
+    if any("t" in free_names(rhs.doc.expanded(f.expr)) for f in rhs.doc.fields):
+        raise JacError("bad_option",
+                       "this model's right-hand side uses t explicitly; the leaf steps cells at different "
+                       "times, so pass time-dependent inputs as forcing fields")
 
 
 @dataclass
@@ -900,6 +921,7 @@ def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "
     rtol = float(rtol)
     if not (rtol > 0 and np.isfinite(rtol)):
         raise JacError("bad_argument", f"rtol must be positive, got {rtol}")
+    _check_autonomous(m)
     u64 = inp.u.astype(np.float64)
     arrays = [u64] + ([f] if f is not None else [])
     fn = _advance_block if f is not None else _no_forcing(_advance_block)

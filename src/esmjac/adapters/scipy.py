@@ -19,6 +19,7 @@ Nothing here imports SciPy at module import time; :func:`ivp` does.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from .._frozen import readonly
 from ..errors import JacError
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 from ..runtime.workspace import JacWorkspace, RhsScratch
-from ..runtime.threads import SERIAL_BELOW, thread_count, with_threads
+from ..runtime.threads import SERIAL_BELOW, measure_threads, thread_count, with_threads
 from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
@@ -176,8 +177,9 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     ``banded=True`` (LSODA only): ``jac`` returns LSODA's packed banded form;
     refused when the pattern is not banded (bandwidth > n/2).
     ``threads``: numba threads for ``fun``/``jac`` (``"auto"``: one thread
-    below :data:`AUTO_SERIAL_BELOW` unknowns, else numba's setting; ``None``:
-    numba's setting; an int). ``build_options``: options of
+    below :data:`AUTO_SERIAL_BELOW` unknowns; above, one thread or numba's
+    thread count, whichever a timed call at build time finds faster --
+    ``prob.threads`` says which; ``None``: numba's setting; an int). ``build_options``: options of
     ``RhsProgram.build``/``JacobianProgram.build``.
     """
     if options:
@@ -195,10 +197,10 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     except ImportError as exc:  # pragma: no cover - scipy is a core dependency
         raise JacError("adapter_unavailable",
                        "scipy is not installed; pip install 'scipy>=1.10'") from exc
-    nthreads = thread_count(threads)
     r, j, plan = build_programs(source, model, build_options)
     yv, pv, fv = inputs(r, y0, p, forcing)
     rows, cols, n = csr_pattern(plan)
+    nthreads = thread_count(threads, n)
     lband = uband = None
     band_pos = dense_pos = None
     if banded:
@@ -220,7 +222,12 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
                          shape=(n, n))
     prob = IvpProblem(r, j, plan, readonly(yv), tuple(r.names), readonly(pv),
                       None if fv is None else readonly(fv), method, bool(banded), lband, uband,
-                      pattern, nthreads, Counters(), forms, r.new_buffers(), j.new_workspace())
+                      pattern, None if nthreads == "measure" else nthreads, Counters(), forms,
+                      r.new_buffers(), j.new_workspace())
+    if nthreads == "measure":
+        _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)   # both twins compiled
+        prob = dataclasses.replace(prob, threads=measure_threads(
+            lambda: (prob.fun(0.0, yv), prob.jac_data(0.0, yv))))
     _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)
     prob.reset_counters()
     return prob

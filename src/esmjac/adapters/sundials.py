@@ -47,7 +47,7 @@ from ..errors import JacError
 from ..layouts.plans import column_split
 from ..layouts.types import ColumnBanded, LaneBlocks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl
-from ..runtime.threads import thread_count, with_threads
+from ..runtime.threads import measure_threads, thread_count, with_threads
 from ..runtime.workspace import JacWorkspace, RhsScratch
 from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
 
@@ -479,7 +479,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     yv, pv, fv = inputs(r, y0, p, forcing)
     rows, cols, n = csr_pattern(plan)
     linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
-    st = _State.new(r, j, plan, thread_count(threads))
+    st = _State.new(r, j, plan, thread_count(threads, n))
     sign = -1.0 if kind == "ida" else 1.0
     diag = np.arange(n)
 
@@ -619,6 +619,10 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                            shown, fns.get("rhsfn"), fns.get("resfn"), fns.get("jacfn"),
                            fns.get("jac_times_setupfn"), fns.get("jac_times_vecfn"),
                            fns.get("prec_setupfn"), fns.get("prec_solvefn"), st, note)
+    if st.threads == "measure":
+        st.threads = None
+        _warm(prob, fns)                    # compile both twins before timing
+        st.threads = measure_threads(lambda: (prob.f(0.0, yv), prob.jv(0.0, yv, yv)))
     _warm(prob, fns)
     return prob
 
@@ -697,7 +701,8 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
     ``jacobian=False``: give SUNDIALS no Jacobian callbacks (its own
     difference quotients). ``p``/``forcing``/``y0``: as in
     :func:`esmjac.adapters.scipy.ivp`, and so is ``threads`` (numba threads of
-    every callback). Other ``options`` (``max_steps``,
+    every callback; ``"auto"`` measures one thread against numba's count at
+    build time on problems above 20,000 unknowns). Other ``options`` (``max_steps``,
     ``maxl``, ``lmm_type``, ``max_step_size``...) go to scikits.odes.
     """
     return _build("cvode", source, model=model, linsolver=linsolver, precond=precond,

@@ -423,15 +423,20 @@ def recover_numba_cache(exc: BaseException) -> bool:
     log.warning("esmjac cache: Numba's cache for %s is unreadable (%s: %s); purging it and recompiling",
                 getattr(disp, "__name__", disp), type(exc).__name__, exc)
     try:
-        c = disp._cache
-        path = Path(c._cache_path)
-        stem = Path(c._index_name).stem + "."
+        cf = disp._cache._cache_file          # numba.core.caching.IndexDataCacheFile
+        path = Path(cf._cache_path)
+        stem = Path(cf._index_name).stem + "."
+    except AttributeError:
+        return False                          # a Numba whose cache we cannot purge: not ours to retry
+    found = False
+    try:
         for f in path.iterdir():
             if f.name.startswith(stem) and f.suffix in (".nbi", ".nbc"):
                 _remove(f)
-    except (AttributeError, OSError):
-        pass
-    return True
+                found = True
+    except OSError:
+        return False
+    return found
 
 
 # ------------------------------------------------------------------ products

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import JacError
 from ..model.deep import run_deep
 from ..model.expr import Node, iter_children
-from .cache import content_hash, load_source
+from .cache import content_hash, load_source, recover_numba_cache
 from .codegen import generate, tape_program
 from .tape import run_tape
 
@@ -63,6 +63,13 @@ class Kernel:
     def run(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> None:
         """Evaluate into ``out`` (arguments already checked by the caller);
         ``serial`` picks the one-thread twins of the generated chunks."""
+        _recovering(self._run_once, out, u, p, t, forcing, out, h, cix, lanes, serial)
+
+    def run_fused(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> None:
+        """Run a plan-specific fused kernel (chunks write layout slots)."""
+        _recovering(self._run_fused_once, out, u, p, t, forcing, out, h, cix, lanes, serial)
+
+    def _run_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> None:
         if self.engine == "tape":
             pro, body = self.tapes
             run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg)
@@ -78,8 +85,7 @@ class Kernel:
             else:
                 fn(u, forcing, h, out)
 
-    def run_fused(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> None:
-        """Run a plan-specific fused kernel (chunks write layout slots)."""
+    def _run_fused_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> None:
         mod = self.module()
         if h.shape[0] < self.n_hoist:
             h = np.zeros(self.n_hoist)
@@ -87,6 +93,20 @@ class Kernel:
         pre = "sfl" if serial else "fl"
         for name in self.chunks:
             getattr(mod, pre + name)(u, forcing, h, cix, out, lanes)
+
+
+def _recovering(run, out, *args) -> None:
+    """``run(*args)``; a Numba cache file that fails to load (corrupt or
+    tampered index/data) is purged and the call retried, so Numba recompiles
+    instead of the entry breaking every later run (compile/cache.py)."""
+    for _ in range(16):                  # at most one purge per compiled function
+        try:
+            return run(*args)
+        except Exception as exc:
+            if not recover_numba_cache(exc):
+                raise
+            out[:] = 0                   # accumulating (global) kernels restart from zero
+    return run(*args)
 
 
 def _distinct_nodes(exprs: list) -> int:

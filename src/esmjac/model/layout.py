@@ -3,8 +3,9 @@ element keys and defaults — the one place every other layer asks.
 
 Invariants (they are ``earthsci_ast.evaluate_rhs``'s):
 
-- ODE states are the variables of kind ``state`` that a ``D`` equation
-  writes, in declaration order; scalar parameters (the vector ``p``) and
+- ODE states are earthsci-ast's integrated states in its problem order
+  (else the variables of kind ``state`` a ``D`` equation writes, in
+  declaration order); scalar parameters (the vector ``p``) and
   array-shaped parameters (forcing fields) in declaration order.
 - Elements are row-major and 1-based; an element's name is
   ``<scope>name[i,j]`` (bare ``name`` for a scalar).
@@ -42,7 +43,11 @@ __all__ = ["ModelLayout", "model_layout", "ode_states", "element_name", "element
 # ------------------------------------------------------------------ numbering
 
 def ode_states(view: SystemView) -> list:
-    """States in declaration order (the order ``evaluate_rhs`` uses)."""
+    """The integrated states in earthsci-ast's problem order (``view.integrated``,
+    which includes states whose derivative is identically zero); for a view
+    without that list, the written states in declaration order."""
+    if view.integrated is not None:
+        return list(view.integrated)
     written = {lhs_state(l) for l, _ in view.equations}
     return [n for n, v in view.variables.items() if v.kind == "state" and n in written]
 

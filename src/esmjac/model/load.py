@@ -24,7 +24,7 @@ from ..errors import JacError
 from .expr import from_ast, lhs_state
 from .validate import validate_view
 
-__all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state"]
+__all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state", "integrated_states"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,10 @@ class SystemView:
     scope: str                 # prefix evaluate_rhs puts before our names ("Chem.")
     element_type: str | None = None
     meta: dict = field(default_factory=dict)
+    #: The states earthsci-ast's problem integrates, in its order (local
+    #: names). Includes states whose derivative is identically zero (a
+    #: reaction species no reaction changes, an unknown with no equation).
+    integrated: tuple | None = None
 
     @property
     def states(self) -> list:
@@ -120,7 +124,14 @@ def _resolve_shape(shape, sizes: dict, name: str) -> tuple:
 
 def load_view(source: Any, model: str | None = None) -> SystemView:
     """Load ``source`` and view the model to differentiate (see module doc);
-    malformed models are refused by :func:`esmjac.model.validate.validate_view`."""
+    malformed models are refused by :func:`esmjac.model.validate.validate_view`.
+
+    Without ``model=`` the view is what ``earthsci_ast.esm_problem`` builds
+    for the whole document: a document with one model and no coupling,
+    subsystems or reaction systems is viewed unscoped; anything else (several
+    models, coupling entries, reaction systems, nested subsystems) is viewed
+    through ``earthsci_ast.flatten``. ``model=`` picks one model of several.
+    """
     view = _load_view(source, model)
     validate_view(view)
     return view
@@ -136,7 +147,11 @@ def _load_view(source: Any, model: str | None = None) -> SystemView:
     coupled = bool(f.coupling) or bool(f.reaction_systems)
     if model is not None:
         if model in models:
-            return _model_view(f, model)
+            if _has_subsystems(models[model]) and not coupled:
+                raise JacError("unsupported_construct",
+                               f"model `{model}` has subsystems; build the whole document (no model=), "
+                               "which flattens them as earthsci_ast does")
+            return _single_view(f, model)
         systems = dict(getattr(f, "reaction_systems", None) or {})
         if coupled and model in systems:
             # A coupled document is differentiated as one flattened system;
@@ -145,14 +160,60 @@ def _load_view(source: Any, model: str | None = None) -> SystemView:
         known = sorted(models) + sorted(systems)
         raise JacError("model_not_found",
                        f"model `{model}` is not in the document (it has: {', '.join(known) or 'none'})")
-    if coupled:
-        return _flat_view(_flatten(f))
-    if len(models) == 1:
-        return _model_view(f, next(iter(models)))
-    if not models:
+    if not models and not f.reaction_systems:
         raise JacError("load_error", "the document has no models to differentiate")
-    raise JacError("ambiguous_model",
-                   f"the document has {len(models)} models ({', '.join(sorted(models))}); pass model=")
+    if coupled or len(models) != 1 or _has_subsystems(next(iter(models.values()))):
+        return _flat_view(_flatten(f))
+    return _single_view(f, next(iter(models)), whole=True)
+
+
+def _single_view(f, name: str, whole: bool = False) -> SystemView:
+    """One model viewed unscoped, its states in earthsci-ast's order (from
+    ``flatten``). ``whole``: the model is the whole document, so a state
+    flatten files elsewhere means the document must be viewed flattened."""
+    flat = _flatten_or_none(f)
+    order = None
+    if flat is not None:
+        scope = f"{name}."
+        full = integrated_states(flat)
+        mine = [n for n in full if n.startswith(scope) and "." not in n[len(scope):]]
+        if whole and len(mine) != len(full):
+            return _flat_view(flat)
+        order = tuple(n[len(scope):] for n in mine)
+    return _model_view(f, name, order)
+
+
+def _has_subsystems(m) -> bool:
+    return bool(getattr(m, "subsystems", None))
+
+
+def _flatten_or_none(f):
+    try:
+        return _flatten(f)
+    except JacError:
+        return None
+
+
+def integrated_states(flat) -> list:
+    """The states earthsci-ast's problem integrates, in its order (scoped).
+
+    Mirrors earthsci-ast 0.5's rule (``flatten._integrated_state_names`` less
+    the algebraically defined states of its array build; both private, hence
+    re-derived here): every ``state_variables`` entry that is not also an
+    observed and is not defined only by a bare-LHS equation.
+    """
+    observed = set(flat.observed_variables or {})
+    states = flat.state_variables or {}
+    differentiated, bare = set(), set()
+    for eq in flat.equations:
+        lhs = from_ast(eq.lhs)
+        u = lhs_state(lhs)
+        if u is not None:
+            differentiated.add(u)
+        elif isinstance(lhs, str) and lhs in states:
+            bare.add(lhs)
+    algebraic = bare - differentiated
+    return [n for n in states if n not in observed and n not in algebraic]
 
 
 def _flatten(f):
@@ -165,12 +226,12 @@ def _flatten(f):
         raise JacError("load_error", f"earthsci_ast.flatten failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _model_view(f, name: str) -> SystemView:
+def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
     from earthsci_ast import classification as cl
 
     m = f.models[name]
     sizes = _sizes(f.index_sets)
-    states = set(cl.ode_states(m))
+    states = set(cl.ode_states(m)) | set(order or ())
     observed_all = set(cl.observed_unknowns(m))
     defs_bare = cl.observed_definitions(m, bare_only=True)
     params = set(cl.parameters(m))
@@ -197,7 +258,8 @@ def _model_view(f, name: str) -> SystemView:
     dom = getattr(f, "domain", None)
     et = getattr(dom, "element_type", None) if dom is not None else None
     return SystemView(name, variables, tuple(eqs), sizes, observed,
-                      frozenset(observed_all - set(defs_bare)), f, f"{name}.", et)
+                      frozenset(observed_all - set(defs_bare)), f, f"{name}.", et,
+                      integrated=order)
 
 
 def _flat_view(flat) -> SystemView:
@@ -206,7 +268,8 @@ def _flat_view(flat) -> SystemView:
     eqs = [(from_ast(eq.lhs), from_ast(eq.rhs)) for eq in flat.equations]
     # The 1.0.0 model, re-derived from the equations themselves: states are
     # D-targets, observed are bare-LHS definitions of non-states.
-    states = {s for s in (lhs_state(l) for l, _ in eqs) if s is not None}
+    integrated = integrated_states(flat)
+    states = {s for s in (lhs_state(l) for l, _ in eqs) if s is not None} | set(integrated)
     observed = {}
     for lhs, rhs in eqs:
         if isinstance(lhs, str) and lhs not in states and lhs not in observed:
@@ -231,4 +294,5 @@ def _flat_view(flat) -> SystemView:
     dom = getattr(flat, "domain", None)
     et = getattr(dom, "element_type", None) if dom is not None else None
     indexed = frozenset(n for n, v in variables.items() if v.kind == "observed" and n not in observed)
-    return SystemView("Flattened", variables, tuple(eqs), sizes, observed, indexed, flat, "", et)
+    return SystemView("Flattened", variables, tuple(eqs), sizes, observed, indexed, flat, "", et,
+                      integrated=tuple(n for n in integrated if n in variables))

@@ -127,6 +127,21 @@ class _Base:
         return _check_vec("forcing", forcing, n, dtype)
 
 
+def _recovering(run, out, *args) -> None:
+    """``run(*args)``; a Numba cache file that fails to load (corrupt or
+    tampered index/data) is purged and the call retried, so Numba recompiles
+    instead of the entry breaking every later run (compile/cache.py)."""
+    from ..compile.cache import recover_numba_cache
+    for _ in range(16):                  # at most one purge per compiled function
+        try:
+            return run(*args)
+        except Exception as exc:
+            if not recover_numba_cache(exc):
+                raise
+            out[:] = 0                   # accumulating (global) kernels restart from zero
+    return run(*args)
+
+
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     """Whole-build cache (compile/cache.py): verified JSON + npz products
     for keyable sources; kernels, index arrays and fingerprints are rebuilt
@@ -298,7 +313,7 @@ class RhsProgram(_Product, _Base):
             out[:] = 0
         with serial_below(u.shape[0]):
             self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
-            bad = K.count_nonfinite(out)
+            bad = _checks.any_nonfinite(out)
         if bad:
             _checks.report_nonfinite(out, (u, p, f), t, "right-hand side", self._element_name(lanes))
         return out
@@ -482,9 +497,9 @@ class JacobianProgram(_Product, _Base):
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
                 _scatter(plan, B, L, out)
                 ws.last_dtype = u.dtype
-            bad = K.count_nonfinite(out)
+            bad = _checks.any_nonfinite(out)
         ws.last_plan = plan.fingerprint
-        ws.point = (u.copy(), pv, t, f.copy())
+        ws.point = (u.copy(), pv.copy(), t, f.copy())
         if bad:
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
