@@ -364,13 +364,13 @@ def test_a_cache_folder_deleted_during_a_build(tmp_path, monkeypatch):
     doc["models"]["M"]["variables"]["k2"]["default"] = 3.0
     path.write_text(json.dumps(doc))
     monkeypatch.setenv("ESMJAC_CACHE_DIR", str(cache))
-    real = P._compile
+    real = P.compile_doc
 
-    def compile_and_delete(doc, opts):
+    def compile_and_delete(doc, opts, **kw):
         shutil.rmtree(cache, ignore_errors=True)
-        return real(doc, opts)
+        return real(doc, opts, **kw)
 
-    monkeypatch.setattr(P, "_compile", compile_and_delete)
+    monkeypatch.setattr(P, "compile_doc", compile_and_delete)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         J = _build(path)
