@@ -284,7 +284,13 @@ def plan(res: dict, efficiency: float = 0.8) -> dict:
         chunk = int(np.ceil(TASK_S / c))
         tasks = int(np.ceil(cells / chunk))
     io = 8 * (2 * ns + len(STAT_ROWS_))             # u in, u out, statistics per cell
-    task_bytes = chunk * (io + m["scratch_bytes_per_cell"])
+    per = io + m["scratch_bytes_per_cell"]
+    cap = int(0.5 * NODE_GIB * 2**30 / (2 * NODE_CORES * per))   # half the node for tasks in flight
+    if chunk > cap:                                 # memory, not the clock, sets the chunk
+        chunk = cap
+        tasks = int(np.ceil(cells / chunk))
+    nodes = max(nodes, int(np.ceil(cells * io / (0.5 * NODE_GIB * 2**30))))
+    task_bytes = chunk * per
     resident = cells / nodes * io                   # the step's inputs/outputs spread over the nodes
     mem_node = resident + NODE_CORES * 2 * task_bytes    # a running and a queued task per core
     ov = [r["cpu_overhead_per_task_ms"] for r in res.get("overhead", [])]

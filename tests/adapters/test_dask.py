@@ -27,6 +27,7 @@ import dask.array as da  # noqa: E402
 
 from esmjac import JacobianProgram, LaneBlocks, LaneSparseBlocks, RhsProgram  # noqa: E402
 from esmjac.adapters import dask as ad  # noqa: E402
+from esmjac.layouts.types import untile  # noqa: E402
 from esmjac.errors import JacError  # noqa: E402
 from esmjac.models.gridded import diffusion_model, gridded_tropo12  # noqa: E402
 
@@ -65,7 +66,7 @@ def case():
         pl = j.plan(lay, source=r)
         ws = j.new_workspace()
         out = j.eval_into(pl, uf, j.p0, 0.0, fj, np.zeros(pl.out_size(N)), ws)
-        ref[lay.name] = out.reshape(-1, N)
+        ref[lay.name] = untile(out, int(pl.info["slots_per_lane"]), N, pl.tile_width(N))   # [slot, lane]
         if isinstance(lay, LaneSparseBlocks):
             ref["apply"] = j.apply(pl, ws, np.ascontiguousarray(v.ravel()), np.zeros(uf.size)).reshape(ns, N)
             ref["apply_t"] = j.apply_transpose(pl, ws, np.ascontiguousarray(lam.ravel()),
@@ -251,7 +252,7 @@ def test_index_dependent_model_sees_its_real_cells(client):
     m = ad.model(doc)
     assert not m.spec.template            # shipped whole: the kernels read the cell index
     r, j = RhsProgram.build(doc), JacobianProgram.build(doc)
-    pl = j.plan(LaneSparseBlocks(), source=r)
+    pl = j.plan(LaneSparseBlocks(tile=None), source=r)   # slots × lanes, as dask returns them
     u = np.random.default_rng(5).uniform(0.5, 1.5, (2, n))
     uf = np.ascontiguousarray(u.ravel())
     ref_f = r.eval_into(uf, r.p0, 0.0, None, np.empty(uf.size)).reshape(2, n)

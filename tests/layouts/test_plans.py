@@ -20,6 +20,7 @@ from tests.support.programs import TROPO12, close, jac_prog, point, rhs_prog
 
 from esmjac import JacError
 from esmjac.layouts import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
+from esmjac.layouts.types import tile_capacity, tile_index, tile_width, untile
 from esmjac.runtime.programs import JacobianProgram, RhsProgram
 
 PRODUCT_FX = ["tropo12", "bd_chem", "adv_react_2d", "contracted_ops", "flux_form_adv"]
@@ -28,7 +29,7 @@ PRODUCT_FX = ["tropo12", "bd_chem", "adv_react_2d", "contracted_ops", "flux_form
 def csr_at(fx, u, wrt="states"):
     j, r = jac_prog(fx, wrt), rhs_prog(fx)
     plan = j.plan(Csr(), source=r)
-    ws = j.new_workspace()
+    ws = j.new_workspace(keep_slab=True)
     out = np.zeros(plan.out_size(ws.lanes))
     j.eval_into(plan, u, r.p0, 0.0, None, out, ws)
     return j, plan, ws, csr_array((out, plan.indices, plan.indptr), shape=tuple(plan.info["shape"]))
@@ -55,7 +56,7 @@ def test_apply_transpose_accumulates_in_float64_for_float32_storage():
     r = rhs_prog("tropo12")
     j = jac_prog("tropo12")
     plan = j.plan(LaneBlocks(), source=r)
-    ws = j.new_workspace()
+    ws = j.new_workspace(keep_slab=True)
     out = np.zeros(plan.out_size(ws.lanes), np.float32)
     j.eval_into(plan, point(r, 0).astype(np.float32), r.p0, 0.0, None, out, ws)
     lam = np.ones(j.u_size(ws.lanes), np.float32)
@@ -97,7 +98,7 @@ def test_contract_matches_finite_differences_of_apply_transpose(fx):
     v = rng.standard_normal(u.size) * np.abs(u)
 
     def jt(x):
-        ws = j.new_workspace()
+        ws = j.new_workspace(keep_slab=True)
         o = np.zeros(plan.out_size(ws.lanes))
         j.eval_into(plan, x, r.p0, 0.0, None, o, ws)
         g = np.zeros(u.size)
@@ -117,17 +118,25 @@ def test_contract_matches_finite_differences_of_apply_transpose(fx):
 
 # ------------------------------------------------------------------ determinism
 
-def _lane_eval(j, r, lay, u_lanes, f_lanes, L, order=None):
+def _lane_eval(j, r, lay, u_lanes, f_lanes, L, order=None, keep_slab=False, dtype=np.float64):
+    """[slot, lane] values of one eval_into (the tile permutation undone)."""
     plan = j.plan(lay, source=r)
-    ws = j.new_workspace(L)
+    ws = j.new_workspace(L, keep_slab=keep_slab)
     if order is not None:
         ws.set_lane_order(order, j.layout.cell_shape)
-    out = np.zeros(plan.out_size(L))
-    j.eval_into(plan, u_lanes, r.p0, 0.0, f_lanes, out, ws)
-    return out
+    out = np.full(plan.out_size(L), np.nan, dtype)
+    j.eval_into(plan, u_lanes.astype(dtype), r.p0, 0.0, f_lanes.astype(dtype), out, ws)
+    P = int(plan.info["slots_per_lane"])
+    W = plan.tile_width(L)
+    cap = plan.capacity(L)
+    full = untile(out, P, cap, W)
+    # padding lanes (capacity past L) hold copies of the last lane
+    assert np.array_equal(full[:, L:], np.repeat(full[:, L - 1:L], cap - L, axis=1))
+    return full[:, :L].ravel()
 
 
-@pytest.mark.parametrize("lay", [LaneBlocks(), LaneBlocks("markowitz"), LaneSparseBlocks()])
+@pytest.mark.parametrize("lay", [LaneBlocks(), LaneBlocks("markowitz"), LaneSparseBlocks(),
+                                 LaneSparseBlocks(tile=4), LaneBlocks(tile=None)])
 def test_shuffled_lanes_and_padding_are_bitwise_identical(lay):
     r, j = rhs_prog("tropo12"), jac_prog("tropo12")
     N, n = j.cells, j.n_species
@@ -180,10 +189,12 @@ res = {}
 for n in (1, 2, 7, 16):
     numba.set_num_threads(n)
     hs = []
-    for lay in (LaneBlocks(), LaneSparseBlocks(), Csr()):
-        plan = j.plan(lay, source=r); ws = j.new_workspace()
+    for lay in (LaneBlocks(), LaneSparseBlocks(), LaneSparseBlocks(tile=8), LaneBlocks(tile=None), Csr()):
+        plan = j.plan(lay, source=r); ws = j.new_workspace(keep_slab=True)
         out = np.zeros(plan.out_size(ws.lanes)); j.eval_into(plan, u, r.p0, 0.0, None, out, ws)
         g = np.zeros(j.col_size(ws.lanes)); j.apply_transpose(plan, ws, u, g)
+        direct = np.zeros_like(out); j.eval_into(plan, u, r.p0, 0.0, None, direct, j.new_workspace())
+        assert np.array_equal(direct, out)
         hs.append(hashlib.sha256(out.tobytes() + g.tobytes()).hexdigest())
     f = np.empty_like(u); r.eval_into(u, r.p0, 0.0, None, f)
     hs.append(hashlib.sha256(f.tobytes()).hexdigest())
@@ -324,7 +335,7 @@ def test_bad_arguments_are_rejected_in_python(setup, case):
 def test_apply_before_eval_and_wrong_vectors():
     r, j = rhs_prog("bd_chem"), jac_prog("bd_chem")
     plan = j.plan(Csr(), source=r)
-    ws = j.new_workspace()
+    ws = j.new_workspace(keep_slab=True)
     with pytest.raises(JacError) as e:
         j.apply(plan, ws, np.zeros(j.col_size(ws.lanes)), np.zeros(j.u_size(ws.lanes)))
     assert "eval_into first" in str(e.value)
@@ -343,16 +354,18 @@ def test_nan_from_finite_inputs_is_reported():
                                                    "ranges": {"i": {"from": "c"}},
                                                    "expr": {"op": "log", "args": [{"op": "index", "args": ["A", "i"]}]}}}]}}}
     j = JacobianProgram.build(doc)
-    plan = j.plan(Csr())
-    ws = j.new_workspace()
-    out = np.zeros(plan.out_size(ws.lanes))
-    u = np.array([1.0, 2.0, 0.0, 3.0])
-    with pytest.raises(JacError) as e:
+    for lay in (Csr(), LaneSparseBlocks(), LaneBlocks(tile=3)):   # lane loop, tiles (counted while stored)
+        plan = j.plan(lay)
+        ws = j.new_workspace()
+        out = np.zeros(plan.out_size(ws.lanes))
+        u = np.array([1.0, 2.0, 0.0, 3.0])
+        with pytest.raises(JacError) as e:
+            j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
+        pos = 2 if isinstance(lay, Csr) else tile_index(0, 2, 1, plan.tile_width(4))
+        assert e.value.code == "evaluation_error" and f"position {pos}" in str(e.value), lay
+        u[2] = np.nan                     # non-finite in: passed through, not an error
         j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
-    assert e.value.code == "evaluation_error" and "position 2" in str(e.value)
-    u[2] = np.nan                     # non-finite in: passed through, not an error
-    j.eval_into(plan, u, np.zeros(0), 0.0, None, out, ws)
-    assert np.isnan(out[2]) and out[0] == 1.0
+        assert np.isnan(out[pos]) and out[0] == 1.0
 
 
 @pytest.mark.parametrize("fx", ["tropo12", "bd_chem"])
@@ -369,9 +382,105 @@ def test_fused_lane_kernels_equal_the_slab_path_bitwise(fx):
                 j.eval_into(plan, u.astype(dtype), r.p0, 0.0, None, out, ws)
                 outs.append(out)
             assert np.array_equal(outs[0], outs[1]), (lay, dtype)
-    ws = j.new_workspace(keep_slab=False)
-    plan = j.plan(Csr(), source=r)
-    j.eval_into(plan, u, r.p0, 0.0, None, np.zeros(plan.out_size(ws.lanes)), ws)
-    with pytest.raises(JacError) as e:
-        j.apply(plan, ws, np.zeros(j.col_size(ws.lanes)), np.zeros(j.u_size(ws.lanes)))
-    assert "keep_slab" in str(e.value)
+
+
+
+# ------------------------------------------------------------------ lane tiles
+
+def test_tile_formula_against_a_direct_reading_of_the_matrix():
+    """Slot (r, c) of lane l of LaneBlocks(tile=W) is J[r*L + l, c*L + l] of
+    the assembled CSR (an independent route), at ((l//W)*n² + r*n + c)*W + l%W."""
+    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    u = point(r, 3)
+    _, _, _, M = csr_at("tropo12", u)
+    M = M.toarray()
+    N, n = j.cells, j.n_species
+    for W in (1, 3, 4, None):
+        plan = j.plan(LaneBlocks(tile=W), source=r)
+        ws = j.new_workspace()
+        out = np.full(plan.out_size(N), np.nan)
+        j.eval_into(plan, u, r.p0, 0.0, None, out, ws)
+        w = tile_width(W, N)
+        assert plan.tile_width(N) == w and out.size == n * n * tile_capacity(W, N)
+        for l in range(N):
+            for rr in range(n):
+                for c in range(n):
+                    assert out[tile_index(rr * n + c, l, n * n, w)] == M[rr * N + l, c * N + l]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_tile_widths_give_the_same_bits(dtype):
+    """Tile widths 1/4/8/16/None (and 5: a ragged last tile), direct writes
+    and the slab path, padded capacities: one set of bits per lane."""
+    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    N = j.cells
+    P = N + 13                                  # padded workspace: lanes past N repeat the last cell
+    pidx = np.minimum(np.arange(P), N - 1)
+    u = point(r, 11)
+    f = r.forcing0 * np.random.default_rng(2).uniform(0.5, 1.5, r.forcing0.size)
+    n, nf = j.n_species, f.size // N
+    ul = np.ascontiguousarray(u.reshape(n, N)[:, pidx]).ravel()
+    fl = np.ascontiguousarray(f.reshape(nf, N)[:, pidx]).ravel()
+    for make in (LaneSparseBlocks, lambda tile: LaneBlocks("markowitz", tile=tile)):
+        ref = _lane_eval(j, r, make(None), ul, fl, P, keep_slab=True, dtype=dtype)
+        for W in (1, 4, 5, 8, 16, None):
+            for keep in (False, True):
+                got = _lane_eval(j, r, make(W), ul, fl, P, keep_slab=keep, dtype=dtype)
+                assert np.array_equal(got, ref), (W, keep)
+
+
+def test_tiled_column_banded_equals_the_untiled_one():
+    r, j = rhs_prog("bd_chem"), jac_prog("bd_chem")
+    u = point(r, 1)
+    outs = {}
+    for W in (None, 1, 2, 16):
+        plan = j.plan(ColumnBanded(tile=W), source=r)
+        ws = j.new_workspace()
+        out = np.full(plan.out_size(ws.lanes), np.nan)
+        j.eval_into(plan, u, r.p0, 0.0, None, out, ws)
+        C, w, cap = plan.info["columns"], plan.tile_width(ws.lanes), plan.info["capacity"]
+        nslots = (plan.info["kl"] + plan.info["ku"] + 1) * plan.info["m"]
+        assert out.size == nslots * cap and not np.isnan(out).any()
+        full = untile(out, nslots, cap, w)
+        assert np.array_equal(full[:, C:], np.repeat(full[:, C - 1:C], cap - C, axis=1))
+        outs[W] = full[:, :C]
+    for W, v in outs.items():
+        assert np.array_equal(v, outs[None]), W
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "16", 10**6])
+def test_bad_tile_options_are_refused(bad):
+    for make in (lambda: LaneBlocks(tile=bad), lambda: LaneSparseBlocks(tile=bad),
+                 lambda: ColumnBanded(tile=bad)):
+        with pytest.raises(JacError) as e:
+            make()
+        assert e.value.code == "bad_option"
+
+
+def test_the_tile_is_recorded_in_the_plan():
+    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    a, b = j.plan(LaneSparseBlocks(tile=8), source=r), j.plan(LaneSparseBlocks(tile=None), source=r)
+    assert a.info["tile"] == 8 and b.info["tile"] is None and a.to_json() != b.to_json()
+    assert json.loads(a.to_json())["info"]["tile"] == 8
+
+
+def test_apply_after_direct_writes_uses_the_point_of_eval_into():
+    """A direct-write workspace keeps no slab: apply/apply_transpose evaluate
+    it from the workspace's copy of the point, so they equal the eager slab
+    (keep_slab=True) bit for bit even after the caller overwrites u."""
+    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    rng = np.random.default_rng(4)
+    for lay in (LaneSparseBlocks(), Csr()):
+        plan = j.plan(lay, source=r)
+        res = []
+        for keep in (True, False):
+            ws = j.new_workspace(keep_slab=keep)
+            u = point(r, 0)
+            j.eval_into(plan, u, r.p0, 0.0, None, np.zeros(plan.out_size(ws.lanes)), ws)
+            u[:] = 7.0                                   # the caller reuses its buffer
+            v = rng.standard_normal(j.col_size(ws.lanes))
+            y = j.apply(plan, ws, v, np.zeros(j.u_size(ws.lanes)))
+            g = j.apply_transpose(plan, ws, v, np.zeros(j.col_size(ws.lanes)))
+            res.append((y, g))
+            rng = np.random.default_rng(4)
+        assert np.array_equal(res[0][0], res[1][0]) and np.array_equal(res[0][1], res[1][1]), lay

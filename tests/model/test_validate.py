@@ -112,4 +112,4 @@ def test_the_cli_prints_code_and_message_once_without_traceback(tmp_path):
         assert r.stderr.count("[invalid_document]") == 1 and "Traceback" not in r.stderr
         assert "OK" not in r.stdout
     r = _cli("--debug", "check", str(f))
-    assert r.returncode != 0 and "Traceback" in r.stderr and "invalid_document" in r.stderr
+    assert r.returncode != 0 and "Traceback" in r.stderr and "InvalidDocument" in r.stderr   # the class names the code since typed errors

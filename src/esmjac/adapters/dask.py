@@ -49,6 +49,7 @@ import numpy as np
 
 from ..errors import JacError
 from ..runtime import checks
+from ..layouts.types import untile
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
@@ -335,13 +336,15 @@ def _jac_block(u, f, spec, layout, p, t, threads, block_info=None):
     ws = _jac_ws(spec, b, w, _start(block_info))
     with _Threads(threads):
         b.jac.eval_into(plan, uu, p, t, _flat(f, u.dtype), out, ws)
+    if plan.tiled:             # [slot, lane] blocks: undo the lane tiles
+        return untile(out, int(plan.info["slots_per_lane"]), w, plan.tile_width(w))
     return out.reshape(-1, w)
 
 
 def _apply_block(u, v, f, spec, p, t, threads, transpose, block_info=None):
     from ..layouts.types import LaneSparseBlocks
     b = _built(spec)
-    plan = b.plan(LaneSparseBlocks())
+    plan = b.plan(LaneSparseBlocks(tile=None))
     w = u.shape[1]
     uu = _flat(u, u.dtype)
     ws = _jac_ws(spec, b, w, _start(block_info))
@@ -415,8 +418,9 @@ def _lane_slots(plan) -> int:
         raise JacError("bad_option",
                        f"layout {plan.layout.name} is one global matrix, not a block per lane; chunks "
                        "of cells need a lane layout (LaneSparseBlocks, LaneBlocks)")
-    k = plan.out_size(1)
-    if plan.out_size(3) != 3 * k:
+    w = plan.info.get("tile") or 1          # a tiled layout stores whole tiles of w lanes
+    k = plan.out_size(w) // w
+    if plan.out_size(3 * w) != 3 * w * k:
         raise JacError("bad_option", f"layout {plan.layout.name} does not store slots × lanes")
     return k
 
@@ -824,7 +828,7 @@ class _Leaf:
     def __init__(self, b: _Built, p, method, rtol, atol, max_steps):
         from ._leaf import RosenbrockLeaf
         from ..layouts.types import LaneSparseBlocks
-        self.leaf = RosenbrockLeaf(b.rhs, b.jac, b.plan(LaneSparseBlocks()), p, None, method=method,
+        self.leaf = RosenbrockLeaf(b.rhs, b.jac, b.plan(LaneSparseBlocks(tile=None)), p, None, method=method,
                                    rtol=rtol, atol=atol, step="lane", threads=1, compact=True,
                                    clip_negative=False, max_steps=max_steps, max_rejects=50, h0=None)
 

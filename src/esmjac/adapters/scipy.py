@@ -20,17 +20,19 @@ Nothing here imports SciPy at module import time; :func:`ivp` does.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .._frozen import readonly
 from ..errors import JacError
+from ..layouts.types import Csc
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
-from ..runtime.workspace import JacWorkspace, RhsScratch
+from ..runtime.workspace import JacWorkspace
 from ..runtime.threads import SERIAL_BELOW, measure_threads, thread_count, with_threads
-from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
+from ._common import (Counters, Problem, bandwidths, build_programs, csr_pattern, fresh_array, inputs,
+                      readonly_index)
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
 
@@ -45,21 +47,35 @@ AUTO_SERIAL_BELOW = SERIAL_BELOW
 
 @dataclass(frozen=True)
 class _JacForms:
-    """Where the CSR data of ``jac`` goes for the chosen method (read-only,
-    fixed at build time): CSC permutation and indices, or LSODA's dense /
-    packed banded positions."""
+    """Where the Jacobian's values go for the chosen method (read-only,
+    fixed at build time): the CSC plan's index arrays (SciPy's order,
+    written directly), or LSODA's dense / packed banded positions of the
+    CSR values."""
 
-    perm: np.ndarray
     csc_indices: np.ndarray
     csc_indptr: np.ndarray
     dense_pos: np.ndarray | None = None
     band_pos: np.ndarray | None = None
 
     def __post_init__(self):
-        for f in ("perm", "csc_indices", "csc_indptr", "dense_pos", "band_pos"):
+        for f in ("csc_indices", "csc_indptr", "dense_pos", "band_pos"):
             v = getattr(self, f)
             if v is not None:
                 object.__setattr__(self, f, readonly(v))
+
+
+@dataclass(eq=False)
+class _Calls:
+    """The bound calls of one problem and the output arrays they recycle
+    (mutable, owned by the problem: one thread)."""
+
+    ws: JacWorkspace
+    nnz: int                   # values per Jacobian (plan.out_size at the workspace's lanes)
+    run_f: Any                 # bound RHS call
+    run_csc: Any = None        # bound Jacobian into the Csc plan (BDF/Radau)
+    run_csr: Any = None        # bound Jacobian into the Csr plan (LSODA, jac_data; bound on first use)
+    pool_f: list = field(default_factory=list)
+    pool_j: list = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------
@@ -83,8 +99,7 @@ class IvpProblem(Problem):
     threads: int | None        # numba threads the callbacks run with (None: numba's own setting)
     counters: Counters         # nfev / njev since creation or reset_counters()
     _forms: _JacForms
-    _scratch: RhsScratch       # this problem's own scratch (one thread)
-    _ws: JacWorkspace
+    _calls: _Calls
 
     # -- counters --------------------------------------------------------------
     @property
@@ -102,28 +117,31 @@ class IvpProblem(Problem):
 
     # -- callables -----------------------------------------------------------------
     def fun(self, t, y) -> np.ndarray:
-        """``dy/dt = f(t, y)`` (a new array)."""
+        """``dy/dt = f(t, y)`` (a new array: the solvers keep it)."""
+        c = self._calls
         self.counters.nfev += 1
-        out = np.empty(self.n)
-        with_threads(self.threads, self.rhs.eval_into, np.ascontiguousarray(y, dtype=np.float64),
-                     self.p, float(t), self.forcing, out, self._scratch)
+        out = fresh_array(c.pool_f, self.n, c.run_f)
+        with_threads(self.threads, c.run_f, np.ascontiguousarray(y, dtype=np.float64),
+                     self.p, t, self.forcing, out)
         return out
 
     def jac_data(self, t, y) -> np.ndarray:
         """The Jacobian's values in CSR order of ``plan`` (a new array)."""
-        data = np.empty(self.plan.out_size(self._ws.lanes))
-        with_threads(self.threads, self.jacobian.eval_into, self.plan,
-                     np.ascontiguousarray(y, dtype=np.float64), self.p, float(t), self.forcing,
-                     data, self._ws)
+        c = self._calls
+        data = np.empty(c.nnz)
+        if c.run_csr is None:               # BDF/Radau use the Csc plan; CSR only on request
+            c.run_csr = self.jacobian.bind(self.plan, c.ws, keep_point=False)
+        with_threads(self.threads, c.run_csr, np.ascontiguousarray(y, dtype=np.float64),
+                     self.p, t, self.forcing, data)
         return data
 
     def jac(self, t, y):
         """``∂f/∂y`` at (t, y) in the form ``method`` takes (see module doc)."""
         from scipy.sparse import csc_matrix
         self.counters.njev += 1
-        data = self.jac_data(t, y)
-        n, fm = self.n, self._forms
+        n, fm, c = self.n, self._forms, self._calls
         if self.method == "LSODA":
+            data = self.jac_data(t, y)
             if self.banded:
                 out = np.zeros((self.lband + self.uband + 1) * n)
                 out[fm.band_pos] = data
@@ -131,14 +149,19 @@ class IvpProblem(Problem):
             out = np.zeros(n * n)
             out[fm.dense_pos] = data
             return out.reshape(n, n)
-        return csc_matrix((data[fm.perm], fm.csc_indices.copy(), fm.csc_indptr.copy()), shape=(n, n))
+        # The CSC plan writes SciPy's order directly; the (read-only) index
+        # arrays are shared by every matrix returned, the values are new.
+        data = fresh_array(c.pool_j, c.nnz, c.run_csc)
+        with_threads(self.threads, c.run_csc, np.ascontiguousarray(y, dtype=np.float64),
+                     self.p, t, self.forcing, data)
+        return csc_matrix((data, fm.csc_indices, fm.csc_indptr), shape=(n, n))
 
     def jac_csr(self, t, y):
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array`` (any method)."""
         from scipy.sparse import csr_array
         n = self.n
-        return csr_array((self.jac_data(t, y), np.array(self.plan.indices), np.array(self.plan.indptr)),
-                         shape=(n, n))
+        ip, ix, _ = self.plan.csr_index(self._calls.ws.lanes)
+        return csr_array((self.jac_data(t, y), ix, ip), shape=(n, n))
 
     # -- convenience --------------------------------------------------------------------
     def solve(self, t_span, **kwargs):
@@ -214,20 +237,22 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
         band_pos = (uband + rows - cols) * n + cols
     elif method == "LSODA":
         dense_pos = rows * n + cols
-    order = np.lexsort((rows, cols))                    # CSC: by column, then row
-    forms = _JacForms(order, rows[order].astype(np.int32),
-                      np.r_[0, np.cumsum(np.bincount(cols, minlength=n))].astype(np.int32),
-                      dense_pos, band_pos)
-    pattern = csc_matrix((np.ones(rows.size), forms.csc_indices.copy(), forms.csc_indptr.copy()),
-                         shape=(n, n))
-    prob = IvpProblem(r, j, plan, readonly(yv), tuple(r.names), readonly(pv),
+    ws = j.new_workspace(keep_slab=False)
+    calls = _Calls(ws, plan.out_size(ws.lanes), r.bind(),
+                   run_csr=j.bind(plan, ws, keep_point=False) if method == "LSODA" else None)
+    csc = j.plan(Csc(), source=r)
+    if METHODS[method] and method != "LSODA":
+        calls.run_csc = j.bind(csc, ws, keep_point=False)
+    ip, ix, _ = csc.sparse_index(ws.lanes)
+    forms = _JacForms(readonly_index(ix), readonly_index(ip), dense_pos, band_pos)
+    pattern = csc_matrix((np.ones(ix.size), forms.csc_indices, forms.csc_indptr), shape=(n, n))
+    prob = IvpProblem(r, j, plan, readonly(yv), r.names, readonly(pv),
                       None if fv is None else readonly(fv), method, bool(banded), lband, uband,
-                      pattern, None if nthreads == "measure" else nthreads, Counters(), forms,
-                      r.new_buffers(), j.new_workspace())
+                      pattern, None if nthreads == "measure" else nthreads, Counters(), forms, calls)
     if nthreads == "measure":
         _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)   # both twins compiled
         prob = dataclasses.replace(prob, threads=measure_threads(
-            lambda: (prob.fun(0.0, yv), prob.jac_data(0.0, yv))))
+            lambda: (prob.fun(0.0, yv), prob.jac(0.0, yv) if METHODS[method] else None)))
     _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)
     prob.reset_counters()
     return prob

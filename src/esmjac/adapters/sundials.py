@@ -45,7 +45,8 @@ import numpy as np
 
 from ..errors import JacError
 from ..layouts.plans import column_split
-from ..layouts.types import ColumnBanded, LaneBlocks
+from ..layouts.types import ColumnBanded, LaneSparseBlocks
+from ..linalg.sparse_lu import SparseLaneLU
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl
 from ..runtime.threads import measure_threads, thread_count, with_threads
 from ..runtime.workspace import JacWorkspace, RhsScratch
@@ -103,23 +104,29 @@ def _odes():
 # ---------------------------------------------------------------------------
 
 class _BlockPC:
-    """Dense per-cell blocks ``(cells, ns, ns)`` of ``I − γJ``: a cell
-    program's ``LaneBlocks``, or a gridded global program's same-point CSR
-    entries. ``factor`` inverts all blocks in one batched LAPACK call
-    (``numpy.linalg.inv``: getrf + getri per block), ``solve`` is one
-    batched mat-vec."""
+    """Per-cell blocks of ``I − γJ`` in lane storage, factored once per
+    preconditioner setup and solved per Krylov iteration (KPP style: the
+    lane-parallel sparse LU of ``linalg.sparse_lu``, no pivoting; these
+    blocks are diagonally weighted for the step sizes CVODE takes, and a
+    zero/NaN pivot is reported to CVODE as a recoverable failure). A cell
+    program's blocks are its ``LaneSparseBlocks`` (Markowitz order, fill-in
+    included, written directly by the bound Jacobian); a gridded global
+    program's are its same-point CSR entries (dense natural-order blocks)."""
 
     name = "block"
 
     def __init__(self, r, j, plan_csr):
         self.j = j
         self.lay = r.layout
+        self.ns = ns = len(r.layout.states)
         if j.kind == "cell":
-            self.plan = j.plan(LaneBlocks(), source=r)
-            n, m = self.plan.info["block"]
-            self.ns, self.N = int(n), int(j.cells)
-            self.ws = j.new_workspace()
-            self.buf = np.empty(self.plan.out_size(self.ws.lanes))
+            self.plan = j.plan(_untiled_lsb(), source=r)
+            self.N = N = int(j.cells)
+            pattern = [tuple(x) for x in self.plan.info["lu_pattern"]]
+            self.order = np.asarray(self.plan.info["ordering"], dtype=np.int64)
+            self.ws = j.new_workspace(keep_slab=True)       # jtimes='setup' applies its slab
+            self.J = np.empty(self.plan.out_size(self.ws.lanes))
+            self.buf = self.J
             self.sel = None
         else:
             lay = r.layout
@@ -131,41 +138,62 @@ class _BlockPC:
                                "(ColumnBanded) or precond=None")
             self.plan = plan_csr
             rows, cols, _ = csr_pattern(plan_csr)
-            self.ns = len(lay.states)
-            self.N = int(np.prod(next(iter(shapes))))
-            sr, cr = np.divmod(rows, self.N)
-            sc, cc = np.divmod(cols, self.N)
+            self.N = N = int(np.prod(next(iter(shapes))))
+            sr, cr = np.divmod(rows, N)
+            sc, cc = np.divmod(cols, N)
             keep = cr == cc
             self.sel = np.flatnonzero(keep)
-            self.dest = (cr[keep] * self.ns + sr[keep]) * self.ns + sc[keep]
-            self.ws = j.new_workspace()
+            pattern = [(a, b) for a in range(ns) for b in range(ns)]
+            self.order = np.arange(ns, dtype=np.int64)
+            self.dest = (sr[keep] * ns + sc[keep]) * N + cr[keep]   # slot q = r*ns + c, lane = point
+            self.ws = j.new_workspace(keep_slab=True)
             self.buf = np.empty(plan_csr.out_size(self.ws.lanes))
-        self.J = None
-        self.Minv = None
+            self.J = np.zeros(ns * ns * N)
+        self.lu = SparseLaneLU(ns, pattern)
+        self.M = np.empty_like(self.J)
+        diag = np.asarray(self.lu.diag_slots, dtype=np.int64)
+        self.diag = (diag[:, None] * N + np.arange(N)[None, :]).ravel()
+        self.b = np.empty((ns, N))
+        self.run = j.bind(self.plan, self.ws, keep_point=False)
+        self.evaluated = False
+        self.factored = False
 
     @property
     def ready(self) -> bool:
-        return self.J is not None
+        return self.evaluated
+
+    def reset(self) -> None:
+        """Forget the evaluated Jacobian (its buffers are kept)."""
+        self.evaluated = self.factored = False
 
     def evaluate(self, t, y, p, forcing) -> None:
-        self.j.eval_into(self.plan, y, p, t, forcing, self.buf, self.ws)
-        ns, N = self.ns, self.N
-        if self.sel is None:        # LaneBlocks: (r*n + c)*L + l
-            self.J = np.ascontiguousarray(self.buf.reshape(ns, ns, N).transpose(2, 0, 1))
-        else:
-            J = np.zeros(N * ns * ns)
-            J[self.dest] = self.buf[self.sel]
-            self.J = J.reshape(N, ns, ns)
+        self.run(y, p, t, forcing, self.buf)
+        if self.sel is not None:
+            self.J[self.dest] = self.buf[self.sel]
+        self.evaluated = True
 
     def factor(self, gamma: float) -> None:
-        M = -gamma * self.J
-        M[:, np.arange(self.ns), np.arange(self.ns)] += 1.0
-        self.Minv = np.linalg.inv(M)        # batched LAPACK getrf/getri
+        np.multiply(self.J, -gamma, out=self.M)
+        self.M[self.diag] += 1.0
+        bad = self.lu.factor_status(self.M, self.N)
+        self.factored = bad is None
+        if bad is not None:
+            raise np.linalg.LinAlgError(f"zero or NaN pivot in cell {bad[0]} (elimination row {bad[1]})")
 
     def solve(self, r, z) -> None:
-        R = r.reshape(self.ns, self.N).T
-        Z = np.matmul(self.Minv, R[:, :, None])[:, :, 0]
-        z[:] = Z.T.reshape(-1)
+        R = np.asarray(r).reshape(self.ns, self.N)
+        np.take(R, self.order, axis=0, out=self.b)
+        self.lu.solve(self.M, self.b.reshape(-1), self.N)
+        z.reshape(self.ns, self.N)[self.order] = self.b
+
+
+def _untiled_lsb():
+    """``LaneSparseBlocks`` with lanes fastest (``q*L + l``), the storage
+    the lane LU reads."""
+    try:
+        return LaneSparseBlocks(tile=None)
+    except TypeError:                   # a layout without tiles: lanes fastest already
+        return LaneSparseBlocks()
 
 
 class _BandedPC:
@@ -175,7 +203,7 @@ class _BandedPC:
 
     def __init__(self, r, j, axis):
         self.j = j
-        self.plan = j.plan(ColumnBanded(axis), source=r)
+        self.plan = j.plan(ColumnBanded(axis, tile=None), source=r)   # one column's band per lane
         info = self.plan.info
         self.kl, self.ku = int(info["kl"]), int(info["ku"])
         self.m, self.C = int(info["m"]), int(info["columns"])
@@ -196,6 +224,11 @@ class _BandedPC:
     @property
     def ready(self) -> bool:
         return self.AB is not None
+
+    def reset(self) -> None:
+        """Forget the evaluated Jacobian and its factors."""
+        self.AB = None
+        self.lu = []
 
     def evaluate(self, t, y, p, forcing) -> None:
         self.j.eval_into(self.plan, y, p, t, forcing, self.buf, self.ws)
@@ -277,8 +310,8 @@ class SundialsProblem(Problem):
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array``."""
         from scipy.sparse import csr_array
         data = self._eval_user(t, y).copy()
-        return csr_array((data, np.array(self.plan.indices), np.array(self.plan.indptr)),
-                         shape=(self.n, self.n))
+        ip, ix, _ = self.plan.csr_index(self._st["ws_user"].lanes)
+        return csr_array((data, ix, ip), shape=(self.n, self.n))
 
     def jv(self, t, y, v) -> np.ndarray:
         """``J v`` at (t, y)."""
@@ -402,7 +435,7 @@ class _State:
 
     counters: Counters
     threads: int | None
-    scratch: RhsScratch            # rhsfn / resfn
+    run_f: Any                     # bound RHS call of rhsfn / resfn
     scratch_user: RhsScratch       # f(), yp0
     ws_dense: JacWorkspace         # jacfn
     ws_jv: JacWorkspace            # jac_times_setupfn / jac_times_vecfn
@@ -417,9 +450,10 @@ class _State:
 
     @classmethod
     def new(cls, r, j, plan, threads) -> "_State":
-        ws = [j.new_workspace() for _ in range(3)]
+        # jacfn writes CSR values directly; J·v applies the slab of its setup
+        ws = [j.new_workspace(keep_slab=False), j.new_workspace(keep_slab=True), j.new_workspace()]
         bufs = [np.empty(plan.out_size(w.lanes)) for w in ws]
-        return cls(Counters(), threads, r.new_buffers(), r.new_buffers(), *ws, *bufs)
+        return cls(Counters(), threads, r.bind(), r.new_buffers(), *ws, *bufs)
 
 
 def _guard(st: _State, fn):
@@ -480,17 +514,26 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     rows, cols, n = csr_pattern(plan)
     linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
     st = _State.new(r, j, plan, thread_count(threads, n))
+    run_f = st.run_f                # bound calls: every check and kernel choice made once
     sign = -1.0 if kind == "ida" else 1.0
     diag = np.arange(n)
 
+    binds: dict = {}
+
+    def bound(name):
+        b = binds.get(name)
+        if b is None:
+            b = binds[name] = j.bind(plan, getattr(st, name), keep_point=False)
+        return b
+
     def eval_dense(t, y):
         st.counters.njev += 1
-        j.eval_into(plan, np.ascontiguousarray(y), pv, float(t), fv, st.dense_buf, st.ws_dense)
+        bound("ws_dense")(np.ascontiguousarray(y), pv, t, fv, st.dense_buf)
         return st.dense_buf
 
     def eval_jv(t, y):
         st.counters.njtsetup += 1
-        j.eval_into(plan, np.ascontiguousarray(y), pv, float(t), fv, st.jv_buf, st.ws_jv)
+        bound("ws_jv")(np.ascontiguousarray(y), pv, t, fv, st.jv_buf)
         st.jv_ready = True
 
     def apply_jv(v, Jv):
@@ -504,7 +547,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     if kind == "cvode":
         def rhsfn(t, y, ydot):
             st.counters.nfev += 1
-            r.eval_into(y, pv, t, fv, ydot, st.scratch)
+            run_f(y, pv, t, fv, ydot)
             return 0
         fns["rhsfn"] = _guard(st, rhsfn)
     else:
@@ -512,7 +555,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
 
         def resfn(t, y, yp, result):
             st.counters.nfev += 1
-            r.eval_into(y, pv, t, fv, tmp, st.scratch)
+            run_f(y, pv, t, fv, tmp)
             np.subtract(yp, tmp, out=result)
             return 0
         fns["resfn"] = _guard(st, resfn)
@@ -672,8 +715,7 @@ def _warm(prob: "SundialsProblem", fns: dict) -> None:
             prob._run(pc.evaluate, 0.0, y, prob.p, prob.forcing)
             pc.factor(0.0)
             prob._run(pc.solve, y, np.empty_like(y))
-            pc.J = pc.Minv = pc.AB = None
-            pc.lu = []
+            pc.reset()
     except JacError as exc:
         if exc.code != "evaluation_error":
             raise

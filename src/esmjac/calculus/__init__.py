@@ -17,7 +17,7 @@ from .bands import Band, Ctx, bands, normalize_band
 from .clip import merge_bands
 from .inline import inline_observed, inlinable_observed
 
-__all__ = ["JacEntry", "Band", "Ctx", "jacobian_bands", "context", "WRT"]
+__all__ = ["JacEntry", "Band", "Ctx", "jacobian_bands", "context", "state_independent", "WRT"]
 
 WRT = ("states", "parameters", "forcing", "time")
 
@@ -47,6 +47,24 @@ def targets_of(view: SystemView, wrt: str) -> list:
     if wrt == "parameters":
         return view.parameters
     raise JacError("bad_option", f"wrt must be one of {', '.join(WRT)}; got {wrt!r}")
+
+
+def state_independent(view: SystemView) -> bool:
+    """True when no differential equation's right-hand side, with every
+    observed inlined, names a state: the state Jacobian is then identically
+    zero by construction, not by a misread (the empty-bands gate's concern).
+    A right-hand side reading an observed defined only through an indexed
+    left-hand side cannot be inlined, so it is never proven independent."""
+    states = frozenset(view.states)
+    obs = dict(view.observed)
+    diff = [r for l, r in view.equations if lhs_state(l) is not None]
+    if not diff:
+        return False
+    for rhs in diff:
+        names = free_names(inline_observed(rhs, obs))
+        if names & states or names & view.indexed_observed:
+            return False
+    return True
 
 
 def jacobian_bands(view: SystemView, wrt: str = "states", *,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, add, free_names, is_zero, iter_children, map_children, mul, node, op,
+from ..model.expr import (AGG, Node, add, is_array_expr, free_names, is_zero, iter_children, map_children, mul, node, op,
                           substitute)
 from .clip import clip_regions
 from .inline import range_of, region_bound
@@ -76,18 +76,6 @@ def sorted_sites(e, v: str) -> list:
     return [found[k] for k in sorted(found)]
 
 
-def is_array_expr(e, ctx: Ctx) -> bool:
-    if isinstance(e, str):
-        return ctx.is_array(e)
-    if not isinstance(e, Node):
-        return False
-    if e.op in (AGG, "makearray", "arrayop", "broadcast", "reshape", "transpose", "concat"):
-        return True
-    if e.op == "index":
-        return False
-    return any(is_array_expr(x, ctx) for x in e.args)
-
-
 def bands(rhs, v: str, ctx: Ctx, shape_u=()) -> list:
     """All bands of ∂rhs/∂v for an equation whose variable has ``shape_u``."""
     out: list = []
@@ -118,6 +106,7 @@ def _scalar_bands(out, e, v, rows, ridx, scale) -> None:
 def _array(out, e, v, ctx, shape_u, scale) -> None:
     if isinstance(e, str):
         if e == v:
+            same_rank(e, len(shape_u), ctx)
             names = _names(shape_u)
             out.append(Band(tuple((1, n) for n in shape_u), tuple(names),
                             tuple(names), mul(*scale)))
@@ -296,13 +285,28 @@ def place_subregion(rows, full: bool, origins, sub_rows, sub_idx) -> tuple:
 
 def push_index(e, idx: list, ctx: Ctx):
     if isinstance(e, str):
-        return node("index", [e, *idx]) if ctx.is_array(e) else e
+        if not ctx.is_array(e):
+            return e
+        same_rank(e, len(idx), ctx)
+        return node("index", [e, *idx])
     if isinstance(e, Node):
         if e.op in (AGG, "makearray", "index"):
             raise JacError("unsupported_construct",
                            f"cannot push an index into `{e.op}` nested under an elementwise op")
         return map_children(e, lambda x: push_index(x, idx, ctx))
     return e
+
+
+def same_rank(name: str, rank: int, ctx: Ctx) -> None:
+    """A bare array operand must have the rank of the array it is combined
+    with; bare-axis broadcasting (aligning axes by index-set name, esm-spec
+    §4.7) is not expressed by the calculus, and a silent positional read
+    would be wrong."""
+    have = len(ctx.shapes.get(name, ()))
+    if have != rank:
+        raise JacError("unsupported_construct",
+                       f"bare array `{name}` (rank {have}) is broadcast against a rank-{rank} array; "
+                       "bare-axis broadcasting is not compiled (index it explicitly in an faq)")
 
 
 def normalize_band(b: Band) -> Band:

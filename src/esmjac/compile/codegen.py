@@ -2,21 +2,40 @@
 
 One module per program: a header (model, fields, generator version), a
 prologue computing the uniform values into ``h`` once per call, and point
-*chunks*: small ``@njit(parallel=True)`` functions, each a ``prange`` over
-lanes (cell programs) or box points (global programs) with a straight-line
-body, one statement per line with named temporaries. Chunks are capped at
-``max_stmts`` statements so no compiled unit grows with the model (the
-shared values a chunk needs are recomputed, not spilled). Index arrays and
-sizes are arguments; nothing is a captured global.
+*chunks*, each a straight-line body capped at ``max_stmts`` statements so no
+compiled unit grows with the model (the shared values a chunk needs are
+recomputed, not spilled). Index arrays and sizes are arguments; nothing is a
+captured global. The code reads like the model: lane reads are named after
+their species (``O3 = S[2*16 + j]``), parameters after themselves
+(``k_NO_O3 = p[3]``), literals are literals, and every store says which
+derivative it is (``# ∂HO2/∂NO``).
 
-Cell chunk signature: ``(u, f, h, cix, out, L)``; global chunk: ``(u, f, h,
-out)``; prologue: ``(p, t, h)``. Each chunk also has a serial twin
-``s<chunk>`` (one thread). A lane plan gets its own module (``dest=``) whose
-``fl<chunk>``/``sfl<chunk>`` write the plan's slots directly. ``out`` is the band slab (Jacobians) or the
-right-hand side (then global programs accumulate with ``+=``).
+A tiled plan's chunks (``fl<chunk>``, direct writes) run over *tiles* of
+``W`` lanes (docs/design.rst §4): per tile the lanes' inputs are copied into a small
+scratch ``S`` (clamped: padding lanes read the last real lane), the body runs
+as one ``for j in range(W)`` loop whose reads and writes all address ``S`` at
+literal offsets, so LLVM proves them independent and vectorizes it without
+runtime alias checks (it leaves loops of fewer than 16 known iterations
+scalar: hence the default ``W``), and the tile's slots — one contiguous run
+of ``nslots × W`` values, ``((l // W)*nslots + q)*W + l % W`` — are copied
+out. The band slab, the right-hand side and untiled plans are written
+lanes-fastest (``out[k*L + l]``) by a plain loop over lanes: with a few flops
+per stored value the scratch copies cost more than SIMD saves (measured).
+Global chunks are a loop over box points.
+
+Each chunk function is written once; the module compiles it twice: ``chunk<i>``
+(``parallel=True``, ``prange`` over blocks of tiles) and its serial twin
+``schunk<i>`` (the same Python function under another name, where ``prange``
+is a plain ``range``: no parfor scheduling for one thread).
+
+Signatures: cell chunk ``(u, f, h, cix, out, L)``; global chunk ``(u, f, h,
+out)``; prologue ``(p, t, h)``. With ``dest=`` a cell Jacobian is generated
+for one plan (``fl<chunk>``: its slots written directly, no band slab).
 """
 from __future__ import annotations
 
+import keyword
+import re
 from dataclasses import dataclass
 
 from .._version import __version__
@@ -26,6 +45,9 @@ from ..model.layout import strides as row_major_strides
 from .ssa import Block, Lowering
 
 __all__ = ["generate", "Generated", "GENERATOR"]
+
+#: Tiles per parallel work item (one scratch allocation per item).
+_TILES_PER_ITEM = 64
 
 GENERATOR = f"esmjac-codegen {__version__}"
 
@@ -50,6 +72,7 @@ class Generated:
     chunk_kinds: tuple     # per chunk: "cell" or ("global", npoints)
     n_hoist: int
     n_statements: int
+    counts_nonfinite: bool = False   # chunks return how many non-finite values they stored
 
 
 def _lit(x: float) -> str:
@@ -61,14 +84,47 @@ def _lit(x: float) -> str:
     return f"({s})" if s.startswith("-") else s
 
 
-class _Printer:
-    """Prints one block's instructions as Python statements."""
+_RESERVED = {"u", "f", "h", "p", "t", "cix", "out", "L", "S", "j", "l", "q", "m", "w", "l0", "ob",
+             "nb", "np", "math", "min", "max", "abs", "int", "float", "range", "blk", "it", "Lm1"}
 
-    def __init__(self, blk: Block, prefix: str, lane_expr: str, dimvars: list):
+
+class _Names:
+    """Python identifiers for model names (species, parameters), unique per
+    module: the name itself when it is a plain identifier, else a sanitized
+    one (``NO_2`` for ``NO-2``); never a generator name (``v12``, ``hv3``)."""
+
+    def __init__(self):
+        self.taken: set = set()
+        self.of: dict = {}
+
+    def __call__(self, kind: str, name: str) -> str:
+        key = (kind, name)
+        if key in self.of:
+            return self.of[key]
+        base = re.sub(r"\W", "_", str(name)) or "x"
+        if base[0].isdigit() or keyword.iskeyword(base) or base in _RESERVED or \
+                re.fullmatch(r"(v|w|hv|c|d)\d+", base) or base.startswith("_"):
+            base = f"{kind}_{base}"
+        ident, k = base, 2
+        while ident in self.taken:
+            ident, k = f"{base}_{k}", k + 1
+        self.taken.add(ident)
+        self.of[key] = ident
+        return ident
+
+
+class _Printer:
+    """Prints one block's instructions as Python statements.
+
+    ``lane(src, s)`` is the expression of a lane read; ``hint(op, args)``
+    names a value after the model (a species, a parameter) or returns None."""
+
+    def __init__(self, blk: Block, prefix: str, lane, dimvars: list, hint=None):
         self.blk = blk
         self.prefix = prefix
-        self.lane = lane_expr
+        self.lane = lane
         self.dimvars = dimvars
+        self.hint = hint or (lambda op, args: None)
         self.names: dict = {}
         self.lines: list = []
         self.hoisted: set = set()
@@ -82,12 +138,18 @@ class _Printer:
             return _lit(args[0])
         raise AssertionError("value used before definition")
 
-    def run(self, upto: int | None = None) -> None:
+    def run(self, roots=None) -> None:
+        """Print every value (``roots=None``) or only those ``roots`` need."""
+        need = None if roots is None else _live(self.blk, roots)
         for v, (op, args) in enumerate(self.blk.ins):
-            if v in self.names or op == "const":
+            if v in self.names or op == "const" or (need is not None and v not in need):
+                continue
+            if op == "hoist" and self.prefix != "w":
+                self.hoisted.add(args[0])
+                self.names[v] = f"hv{args[0]}"      # read into a local before the loop
                 continue
             rhs = self.expr(op, args)
-            name = f"{self.prefix}{v}"
+            name = self.hint(op, args) or f"{self.prefix}{v}"
             self.lines.append(f"{name} = {rhs}")
             self.names[v] = name
 
@@ -98,15 +160,11 @@ class _Printer:
         if op == "time":
             return "t"
         if op == "hoist":
-            if self.prefix == "w":
-                return f"h[{args[0]}]"
-            self.hoisted.add(args[0])
-            return f"hv{args[0]}"
+            return f"h[{args[0]}]"
         if op == "idx":
             return self.dimvars[args[0]]
         if op == "lane":
-            src, s = args
-            return f"{src}[{s} * L + {self.lane}]"
+            return self.lane(*args)
         if op == "gload":
             src, base, shape, strides = args[:4]
             terms = [str(base)]
@@ -144,17 +202,20 @@ class _Printer:
         raise JacError("unsupported_construct", f"no code for `{op}`")
 
 
-def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=()) -> Generated:
-    """Source for ``doc`` (an :class:`~esmjac.evaldoc.EvalDoc`).
+def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
+             tile: int | None = None, nslots: int | None = None) -> Generated:
+    """Source for ``doc`` (an :class:`~esmjac.compile.evaldoc.EvalDoc`).
 
     With ``dest`` (per field: the plan slot ``(a, b, stride)`` it lands in)
-    and ``zeros`` (slots no band reaches), a cell Jacobian is generated for
-    one lane plan: ``fl<chunk>``/``sfl<chunk>`` write
-    ``out[a*L + b + l*stride]`` with the addresses as literals — the fused
-    path at the speed of the plain slab kernel."""
+    a cell Jacobian is generated for one lane plan: ``fl<chunk>`` writes the
+    plan's slots directly (no band slab). Unit-stride plans (LaneBlocks,
+    LaneSparseBlocks) are written tile by tile with the plan's ``tile`` and
+    ``nslots``; strided ones (a cell program's Csr) per lane, with ``zeros``
+    (slots no band reaches) written as zero."""
     lay = doc.layout
     low = _lowering(doc)
     rhs = doc.wrt is None
+    names = _Names()
     head = [
         f'"""Generated by {GENERATOR}: do not edit.',
         "",
@@ -163,54 +224,100 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=())
         title,
         '"""',
         "import math",
+        "import types",
+        "",
         "import numba as nb",
+        "import numpy as np",
         "",
         "_JIT = dict(cache=True, error_model='numpy', nogil=True)",
+        "",
+        "",
+        "def _twin(fn, name):",
+        "    \"\"\"The same function under another name: its serial compilation gets its own cache entry.\"\"\"",
+        "    g = types.FunctionType(fn.__code__.replace(co_name=name, co_qualname=name), fn.__globals__, name)",
+        "    g.__qualname__ = name",
+        "    return g",
         "",
     ]
     body: list = []
     chunks: list = []
     kinds: list = []
     nstmt = 0
+    hoisted: set = set()
+    unit = dest is not None and all(b == 0 and st == 1 for _, b, st in dest)
     if doc.kind == "cell":
-        groups = [(None, _cell_outputs(doc))]
+        outputs = _cell_outputs(doc)
+        if dest is None:
+            mode, idx = "lanes", [t[1] for t, _ in outputs]
+            P = len(doc.fields) if not rhs else len(lay.states)
+        elif unit:
+            mode = "tile" if tile is not None else "lanes"
+            idx = [dest[t[1]][0] for t, _ in outputs]
+            P = int(nslots)
+            order = sorted(range(len(outputs)), key=lambda i: idx[i])    # stable: plan order per slot
+            outputs, idx = [outputs[i] for i in order], [idx[i] for i in order]
+        else:
+            mode, idx, P = "strided", [t[1] for t, _ in outputs], None
+        groups = [(None, list(zip(outputs, idx)))]
     else:
-        groups = _global_groups(doc)
+        mode = "global"
+        groups = [(dims, [(o, None) for o in outs]) for dims, outs in _global_groups(doc)]
     for gi, (dims, outputs) in enumerate(groups):
         pending = list(outputs)
-        while pending:
+        # A plan with no bands still gets one chunk: it writes the zeros.
+        empty_plan = dest is not None and not pending and mode in ("tile", "lanes")
+        while pending or empty_plan:
+            empty_plan = False
             blk = Block()
             dimpos = {} if dims is None else {n: k for k, (n, _, _) in enumerate(dims)}
             if dims is None:
                 dimpos = {n: k for k, n in enumerate(_cell_names(doc))}
             taken = []
             while pending:
-                o = pending[0]
+                o, i = pending[0]
                 before = len(blk.ins)
                 vals = [low.point(blk, e, dimpos) for e in o[1]]
-                if taken and len(blk.ins) > max_stmts:
+                # A chunk ends between slots only: the bands summed into one
+                # slot stay in one chunk (they accumulate in its scratch).
+                if taken and len(blk.ins) > max_stmts and (i is None or i != taken[-1][2]):
                     del blk.ins[before:]          # does not fit: next chunk
                     blk._memo = {k: v for k, v in blk._memo.items() if v < before}
                     break
-                taken.append((o, vals))
+                taken.append((o, vals, i))
                 pending.pop(0)
             name = f"chunk{len(chunks)}"
-            if dest is not None:
-                lines, n = _literal_chunk(name, blk, taken, doc, dest, zeros if not chunks else ())
+            if mode == "tile":
+                a0 = 0 if not chunks or not taken else taken[0][2]
+                a1 = pending[0][1] if pending else P
+                lines, n, hv = _tile_chunk("fl" + name, blk, taken, doc, names, mode, a0, a1, P, tile)
+            elif mode == "lanes":
+                empty = [] if chunks or dest is None else sorted(set(range(P)) - set(idx))
+                lines, n, hv = _lane_chunk(name if dest is None else "fl" + name, blk, taken, doc, names,
+                                           _lanes_stores(taken), [f"{k} * L + l" for k in empty])
+            elif mode == "strided":
+                first = _first_of_pair(doc)
+                stores = [(_slot_addr(*dest[t[1]]), "=" if first[t[1]] else "+=") for (t, _), _, _ in taken]
+                lines, n, hv = _lane_chunk("fl" + name, blk, taken, doc, names, stores,
+                                           [] if chunks else [_slot_addr(*z) for z in zeros])
             else:
-                lines, n = _chunk(name, blk, taken, doc, dims)
+                lines, n, hv = _chunk(name, blk, taken, doc, dims, names)
+            hoisted |= hv
             nstmt += n
             body.extend(lines)
             chunks.append(name)
             kinds.append("cell" if dims is None else ("global", _npoints(dims)))
-    pro = _prologue(low.prologue)
+    pro = _prologue(low.prologue, hoisted, names, lay)
     nstmt += len(pro) - 2
     src = "\n".join(head + pro + [""] + body) + "\n"
-    return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt)
+    return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt, mode == "tile")
 
 
-def tape_program(doc):
-    """(prologue tape, body tape, n_hoist) of a cell document (engine "tape")."""
+def tape_program(doc, dest=None):
+    """(prologue tape, body tape, n_hoist) of a cell document (engine "tape").
+
+    With ``dest`` (per field: its slot of a unit-stride lane plan) the body
+    stores slots directly: the bands of one slot are summed in plan order
+    (field order) first, so each slot is stored once."""
     from .tape import encode
     if doc.kind != "cell":
         raise JacError("bad_option", "the tape engine runs cell-lane programs only")
@@ -218,8 +325,18 @@ def tape_program(doc):
     blk = Block()
     dimpos = {n: k for k, n in enumerate(_cell_names(doc))}
     stores = []
-    for target, exprs in _cell_outputs(doc):
-        stores.append((low.point(blk, exprs[0], dimpos), target[1]))
+    if dest is None:
+        for target, exprs in _cell_outputs(doc):
+            stores.append((low.point(blk, exprs[0], dimpos), target[1]))
+    else:
+        per: dict = {}
+        for target, exprs in _cell_outputs(doc):
+            per.setdefault(dest[target[1]], []).append(low.point(blk, exprs[0], dimpos))
+        for slot in sorted(per):
+            acc = per[slot][0]
+            for v in per[slot][1:]:
+                acc = blk.emit("+", acc, v)
+            stores.append((acc, slot))
     body = encode(blk, stores)
     pro = low.prologue
     ptape = encode(pro, [(v, v) for v in range(len(pro.ins))], "storeh")
@@ -284,92 +401,219 @@ def _global_groups(doc) -> list:
     return list(groups.items())
 
 
-def _prologue(blk: Block) -> list:
-    pr = _Printer(blk, "w", "", [])
+def _operands(op: str, args: tuple) -> tuple:
+    """The value ids an instruction reads (leaves carry immediates only)."""
+    if op in ("const", "hoist", "param", "time", "idx", "lane"):
+        return ()
+    if op == "gload":
+        return tuple(args[4:])
+    if op == "table":
+        return tuple(args[2:])
+    return tuple(args)
+
+
+def _live(blk: Block, roots) -> set:
+    """Values ``roots`` depend on (what a chunk prints; folding leaves dead
+    values behind, e.g. a ``-x`` absorbed into a subtraction)."""
+    need: set = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if v in need:
+            continue
+        need.add(v)
+        stack.extend(_operands(*blk.ins[v]))
+    return need
+
+
+def _prologue(blk: Block, hoisted: set, names: _Names, lay) -> list:
+    """``h[j]`` for the uniform values the chunks read (parameters named after
+    themselves; literals stay literals in the chunks)."""
+    def hint(op, args):
+        return names("p", lay.params[args[0]]) if op == "param" else None
+
+    pr = _Printer(blk, "w", None, [], hint)
     lines = ["@nb.njit(**_JIT)", "def prologue(p, t, h):"]
-    pr.run()
+    pr.run(hoisted)
     lines += ["    " + ln for ln in pr.lines]
-    for v, (op, _) in enumerate(blk.ins):
+    for v in sorted(hoisted):
         lines.append(f"    h[{v}] = {pr.ref(v)}")
     if len(lines) == 2:
         lines.append("    pass")
     return lines
 
 
-def _variants(name: str, args: str, loop: str, pre: list, body: list, serial: bool = True) -> list:
-    """The parallel (``prange``) function and, optionally, its serial twin
-    ``s<name>`` (a plain ``range``: no parfor scheduling, measured ~30%
-    faster on one thread). Numba compiles each only when first called."""
+def _variants(name: str, args: str, loop: str, pre: list, body: list, ret: str | None = None) -> list:
+    """The chunk written once as ``_<name>``, compiled as ``<name>``
+    (``parallel=True``: ``prange``) and as its serial twin ``s<name>``
+    (``prange`` is a plain ``range`` there: measured ~30% faster on one
+    thread). Numba compiles each only when first called."""
     par = loop.replace("range(", "nb.prange(", 1)
-    out = ["@nb.njit(parallel=True, **_JIT)", f"def {name}({args}):", *pre,
-           f"    {par}", *["        " + ln for ln in body]]
-    if serial:
-        out += ["", "@nb.njit(**_JIT)", f"def s{name}({args}):", *pre,
-                f"    {loop}", *["        " + ln for ln in body]]
-    return out
+    return ["", f"def _{name}({args}):", *pre, f"    {par}", *["        " + ln for ln in body or ["pass"]],
+            *([f"    return {ret}"] if ret else []), "",
+            f"{name} = nb.njit(parallel=True, **_JIT)(_{name})",
+            f"s{name} = nb.njit(**_JIT)(_twin(_{name}, 's{name}'))", ""]
 
 
-def _chunk(name: str, blk: Block, taken: list, doc, dims) -> tuple:
-    if dims is None:
-        args, loop = "u, f, h, cix, out, L", "for l in range(L):"
-        ncd = len(doc.layout.cell_shape)
-        dimvars = [f"c{d}" for d in range(ncd)]
-        pre = [f"c{d} = float(cix[{d} * L + l])" for d in range(ncd) if _uses_idx(blk, d)]
-        pr = _Printer(blk, "v", "l", dimvars)
-    else:
-        npts = _npoints(dims)
-        args, loop = "u, f, h, out", f"for q in range({npts}):"
-        dimvars = [f"d{d}" for d in range(len(dims))]
-        pre, stride = [], 1
-        strides = []
-        for _, lo, hi in reversed(dims):
-            strides.append(stride)
-            stride *= hi - lo + 1
-        strides.reverse()
-        for d, ((_, lo, hi), st) in enumerate(zip(dims, strides)):
-            n = hi - lo + 1
-            q = "q" if st == 1 else f"(q // {st})"
-            pre.append(f"d{d} = float({lo} + {q} % {n})" if d else f"d{d} = float({lo} + {q})")
-        pr = _Printer(blk, "v", "q", dimvars)
-    pr.run()
+def _hint(doc, names: _Names):
+    lay = doc.layout
+
+    def hint(op, args):
+        if op == "lane":
+            src, s = args
+            return names("s" if src == "u" else "f", (lay.states if src == "u" else lay.forcing)[s])
+        if op == "param":
+            return names("p", lay.params[args[0]])
+        return None
+    return hint
+
+
+def _what(doc, target) -> str:
+    """A store's comment: ``∂row/∂col`` of a band, ``d row/dt`` of the RHS."""
+    if target[0] == "state":
+        return f"  # d{doc.layout.states[target[1]]}/dt"
+    if target[0] == "slab" and doc.kind == "cell":
+        f = doc.fields[target[1]]
+        return f"  # ∂{f.row}/∂{f.col}"
+    return ""
+
+
+def _chunk(name: str, blk: Block, taken: list, doc, dims, names: _Names) -> tuple:
+    """A global chunk: a loop over the box points."""
+    npts = _npoints(dims)
+    args, loop = "u, f, h, out", f"for q in range({npts}):"
+    dimvars = [f"d{d}" for d in range(len(dims))]
+    pre, stride = [], 1
+    strides = []
+    for _, lo, hi in reversed(dims):
+        strides.append(stride)
+        stride *= hi - lo + 1
+    strides.reverse()
+    for d, ((_, lo, hi), st) in enumerate(zip(dims, strides)):
+        n = hi - lo + 1
+        q = "q" if st == 1 else f"(q // {st})"
+        pre.append(f"d{d} = float({lo} + {q} % {n})" if d else f"d{d} = float({lo} + {q})")
+    pr = _Printer(blk, "v", None, dimvars, _hint(doc, names))
+    pr.run([vals[0] for _, vals, _ in taken])
     # Uniform values into locals before the loop: inside it they would be
     # reloaded after every store (``out`` may alias ``h``).
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
     body = pre + pr.lines
-    for (target, _), vals in taken:
+    for (target, _), vals, _i in taken:
         if target[0] == "slab":
-            pos = f"{target[1]} * L + l" if dims is None else f"{target[1]} + q"
-            body.append(f"out[{pos}] = {pr.ref(vals[0])}")
-        elif target[0] == "state":
-            body.append(f"out[{target[1]} * L + l] = {pr.ref(vals[0])}")
+            body.append(f"out[{target[1]} + q] = {pr.ref(vals[0])}")
         else:
             _, base, shape, pins = target
             pos = _row_pos(base, shape, pins, dims)
             body.append(f"out[{pos}] += {pr.ref(vals[0])}")
-    return _variants(name, args, loop, hv, body) + [""], len(pr.lines)
+    return _variants(name, args, loop, hv, body), len(pr.lines), pr.hoisted
 
 
-def _literal_chunk(name: str, blk: Block, taken: list, doc, dest, zeros) -> tuple:
+def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: str,
+                a0: int, a1: int, P: int, TW: int) -> tuple:
+    """A cell chunk over tiles of ``TW`` lanes (module docstring): slots
+    ``a0 ≤ k < a1`` of a tiled plan with ``P`` slots per lane."""
+    lay = doc.layout
+    need = _live(blk, [vals[0] for _, vals, _ in taken])
+    reads = []                                  # scratch sections of the inputs, first-use order
+    for v, (op, args) in enumerate(blk.ins):
+        if op == "lane" and v in need and args not in reads:
+            reads.append(args)
+    ncd = len(lay.cell_shape)
+    cdims = [d for d in range(ncd) if any(blk.ins[v] == ("idx", (d,)) for v in need)]
+    sec = {r: i for i, r in enumerate(reads)}
+    nin = len(reads) + len(cdims)
+    hint = _hint(doc, names)
+
+    def lane(src, s):
+        return f"S[{sec[(src, s)]} * {TW} + j]"
+
+    pr = _Printer(blk, "v", lane, [f"c{d}" for d in range(ncd)], hint)
+    pr.run([vals[0] for _, vals, _ in taken])
+    hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
+    first: set = set()
+    stores = []
+    for (target, _), vals, i in taken:
+        k = i - a0
+        op = "+=" if k in first else "="
+        first.add(k)
+        stores.append(f"S[{nin + k} * {TW} + j] {op} {pr.ref(vals[0])}{_what(doc, target)}")
+    nout = a1 - a0
+    size = (nin + nout) * TW
+    tiled = mode == "tile"
+    copy_in, clamped = [], []
+    for (src, s), i in sec.items():
+        copy_in += [f"for j in range({TW}):", f"    S[{i} * {TW} + j] = {src}[{s} * L + l0 + j]"]
+        clamped.append(f"    S[{i} * {TW} + j] = {src}[{s} * L + min(l0 + j, L - 1)]")
+    for i, d in enumerate(cdims):
+        copy_in += [f"for j in range({TW}):", f"    S[{len(reads) + i} * {TW} + j] = cix[{d} * L + l0 + j]"]
+        clamped.append(f"    S[{len(reads) + i} * {TW} + j] = cix[{d} * L + min(l0 + j, L - 1)]")
+    cvals = [f"c{d} = S[{len(reads) + i} * {TW} + j]" for i, d in enumerate(cdims)]
+    # The body always runs TW lanes (a literal trip count: one vectorized
+    # loop, no remainder); lanes past L read the last lane and are copied
+    # out only where the layout stores them (padding).
+    tb = [
+        f"l0 = t * w",
+        f"m = w" if tiled else "m = min(w, L - l0)",
+    ]
+    if copy_in:
+        tb += [f"if l0 + {TW} <= L:", *["    " + x for x in copy_in],
+               "else:", f"    for j in range({TW}):", *["    " + x for x in clamped]]
+    tb += [f"for j in range({TW}):", *["    " + x for x in (cvals + pr.lines + stores or ["pass"])]]
+    # Copy out, counting non-finite values while they are in cache (x - x
+    # is NaN for inf and NaN): the caller needs no second pass over out.
+    tb += [f"ob = t * {P} * w", "bad = 0", f"for a in range({nout}):", "    for j in range(m):",
+           f"        x = S[({nin} + a) * {TW} + j]",
+           f"        out[ob + (a + {a0}) * w + j] = x",
+           "        if x - x != 0.0:",
+           "            bad += 1",
+           "return bad"]
+    tile_fn = ["", "@nb.njit(**_JIT)", f"def tile_{name}(u, f, h, cix, out, L, w, t, S):",
+               f'    """Tile t of {name}: outputs {a0}..{a1 - 1} ({"tiled slots" if tiled else "lanes-fastest"})."""',
+               *hv, *["    " + x for x in tb]]
+    pre = [f"    w = {TW}", "    nt = (L + w - 1) // w"]
+    body = [f"S = np.zeros({max(size, 1)}, u.dtype)",
+            f"for t in range(it * {_TILES_PER_ITEM}, min(nt, (it + 1) * {_TILES_PER_ITEM})):",
+            f"    bad += tile_{name}(u, f, h, cix, out, L, w, t, S)"]
+    loop = f"for it in range((nt + {_TILES_PER_ITEM - 1}) // {_TILES_PER_ITEM}):"
+    return (tile_fn + _variants(name, "u, f, h, cix, out, L", loop, pre + ["    bad = 0"], body, "bad"),
+            len(pr.lines), pr.hoisted)
+
+
+def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, stores: list, zeros=()) -> tuple:
+    """A cell chunk looping over lanes, one lane per iteration: ``stores``
+    gives per output its address (``out[...]``, in ``L`` and ``l``) and
+    ``=``/``+=``; ``zeros`` the addresses written as zero. Used for the
+    lanes-fastest outputs (band slab, right-hand side, untiled plans) —
+    measured faster than tiles for these few-flop-per-store outputs (no
+    scratch copies) — and for a cell program's Csr (strided slots)."""
     ncd = len(doc.layout.cell_shape)
     dimvars = [f"c{d}" for d in range(ncd)]
     pre = [f"c{d} = float(cix[{d} * L + l])" for d in range(ncd) if _uses_idx(blk, d)]
-    pr = _Printer(blk, "v", "l", dimvars)
-    pr.run()
+    pr = _Printer(blk, "v", lambda src, s: f"{src}[{s} * L + l]", dimvars, _hint(doc, names))
+    pr.run([vals[0] for _, vals, _ in taken])
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
-    body = pre + pr.lines
-    first = _first_of_pair(doc)
+    body = pre + pr.lines + [f"out[{z}] = 0.0" for z in zeros]
+    for ((target, _), vals, _i), (where, op) in zip(taken, stores):
+        body.append(f"out[{where}] {op} {pr.ref(vals[0])}{_what(doc, target)}")
+    return (_variants(name, "u, f, h, cix, out, L", "for l in range(L):", hv, body),
+            len(pr.lines), pr.hoisted)
 
-    def addr(a, b, st):
-        s = f"{a} * L"
-        s += f" + {b}" if b else ""
-        return s + (" + l" if st == 1 else f" + l * {st}")
 
-    body += [f"out[{addr(a, b, st)}] = 0.0" for a, b, st in zeros]
-    for (target, _), vals in taken:
-        k = target[1]
-        op = "=" if first[k] else "+="
-        body.append(f"out[{addr(*dest[k])}] {op} {pr.ref(vals[0])}")
-    return _variants("fl" + name, "u, f, h, cix, out, L", "for l in range(L):", hv, body), len(pr.lines)
+def _lanes_stores(taken: list) -> list:
+    """``out[i*L + l]`` per output index ``i``; repeats of an index add."""
+    seen: set = set()
+    out = []
+    for _, _, i in taken:
+        out.append((f"{i} * L + l", "+=" if i in seen else "="))
+        seen.add(i)
+    return out
+
+
+def _slot_addr(a: int, b: int, st: int) -> str:
+    """The address ``a*L + b + l*stride`` of a lane plan's slot."""
+    s = f"{a} * L" + (f" + {b}" if b else "")
+    return s + (" + l" if st == 1 else f" + l * {st}")
 
 
 def _first_of_pair(doc) -> list:

@@ -21,7 +21,10 @@ from .cache import content_hash, load_source, recover_numba_cache
 from .codegen import generate, tape_program
 from .tape import run_tape
 
-__all__ = ["Kernel", "compile_doc", "ENGINE_OPTIONS"]
+__all__ = ["Kernel", "FusedTape", "compile_doc", "fused_tape", "ENGINE_OPTIONS"]
+
+_NO_SLOTS = np.zeros(0, np.int64)       # run_tape's zero-slot list when it writes no tiles
+_NO_SLOTS.setflags(write=False)
 
 #: Compiler options (a subset of the programs' build options).
 ENGINE_OPTIONS = {
@@ -45,6 +48,7 @@ class Kernel:
     n_statements: int
     engine: str = "codegen"
     tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
+    counts_nonfinite: bool = False   # fused chunks return the non-finite values they stored
 
     def module(self):
         if self.engine == "tape":
@@ -65,15 +69,18 @@ class Kernel:
         ``serial`` picks the one-thread twins of the generated chunks."""
         _recovering(self._run_once, out, u, p, t, forcing, out, h, cix, lanes, serial)
 
-    def run_fused(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> None:
-        """Run a plan-specific fused kernel (chunks write layout slots)."""
-        _recovering(self._run_fused_once, out, u, p, t, forcing, out, h, cix, lanes, serial)
+    def run_fused(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> int | None:
+        """Run a plan-specific fused kernel (chunks write layout slots); the
+        number of non-finite values stored when the chunks count them
+        (tiles), else None."""
+        return _recovering(self._run_fused_once, out, u, p, t, forcing, out, h, cix, lanes, serial)
 
     def _run_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> None:
         if self.engine == "tape":
             pro, body = self.tapes
-            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg)
-            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg)
+            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
+                     0, 0, lanes, _NO_SLOTS)
             return
         mod = self.module()
         mod.prologue(p, float(t), h)
@@ -85,14 +92,48 @@ class Kernel:
             else:
                 fn(u, forcing, h, out)
 
-    def _run_fused_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> None:
+    def _run_fused_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> int | None:
         mod = self.module()
         if h.shape[0] < self.n_hoist:
             h = np.zeros(self.n_hoist)
         mod.prologue(p, float(t), h)
         pre = "sfl" if serial else "fl"
+        bad = 0
         for name in self.chunks:
-            getattr(mod, pre + name)(u, forcing, h, cix, out, lanes)
+            bad += getattr(mod, pre + name)(u, forcing, h, cix, out, lanes) or 0
+        return bad if self.counts_nonfinite else None
+
+
+@dataclass(frozen=True, eq=False)
+class FusedTape:
+    """The tape engine's direct-write body for a tiled plan: slot stores
+    (``prologue``, ``body``) and the slots no band reaches (``zero_slots``,
+    read-only)."""
+
+    prologue: object
+    body: object
+    zero_slots: np.ndarray
+
+    def run(self, u, p, t, forcing, out, h, cix, lanes: int, tile: int, slots_per_lane: int,
+            capacity: int) -> None:
+        """Evaluate straight into ``out``'s tile slots (arguments checked by the caller)."""
+        _recovering(self._run_once, out, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane,
+                    capacity)
+
+    def _run_once(self, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity) -> None:
+        pro, body = self.prologue, self.body
+        run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+        run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
+                 tile, slots_per_lane, capacity, self.zero_slots)
+
+
+def fused_tape(doc, dest_slots, zero_slots) -> FusedTape:
+    """The :class:`FusedTape` of ``doc`` storing field ``i`` into slot
+    ``dest_slots[i]``; ``zero_slots`` are zeroed."""
+    pro, body, _ = run_deep(tape_program, doc, [int(a) for a in dest_slots])
+    zs = np.ascontiguousarray(zero_slots, dtype=np.int64)
+    zs.setflags(write=False)
+    return FusedTape(pro, body, zs)
 
 
 def _recovering(run, out, *args) -> None:
@@ -122,7 +163,8 @@ def _distinct_nodes(exprs: list) -> int:
 
 def compile_doc(doc, opts: dict, **generate_kw) -> Kernel:
     """The kernel of ``doc`` under ``opts`` (keys of :data:`ENGINE_OPTIONS`);
-    ``generate_kw`` (``title``, ``dest``, ``zeros``) forces ``codegen``."""
+    ``generate_kw`` (``title``, ``dest``, ``zeros``, ``tile``, ``nslots``: a
+    plan's direct writes) forces ``codegen``."""
     engine = opts["engine"]
     if engine not in ("auto", "codegen", "tape"):
         raise JacError("bad_option", f"engine must be 'auto', 'codegen' or 'tape'; got {engine!r}")
@@ -137,4 +179,5 @@ def compile_doc(doc, opts: dict, **generate_kw) -> Kernel:
         key = content_hash(pro.code.tobytes().hex(), body.code.tobytes().hex())
         return Kernel("", key, (), (), nh, len(body.code), "tape", (pro, body))
     g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]), **generate_kw)
-    return Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
+    return Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
+                  counts_nonfinite=bool(g.counts_nonfinite))

@@ -14,6 +14,14 @@ Invariants:
   order. Helper axes are named ``jcax<size>``.
 - Lane kind: ``cell`` when every state has the same shape and every piece
   and band is pointwise over it (reads only its own cell), else ``global``.
+- A *box* (every state and parameter a scalar: a 0-D mechanism as chemists
+  publish it) is a ``cell`` program over one virtual cell axis: its bare
+  state reads become ``X[_c1]`` on a one-cell layout, so the lane count is
+  a run-time choice (one build serves 1 or 10⁶ cells). The pieces and bands
+  are those of the box itself; only the lane addressing is added.
+- ``per_lane`` scalar parameters (temperature, photolysis rates) are read
+  per lane from ``forcing``, after the array-valued parameters, instead of
+  once per call from ``p``.
 
 The document serializes to deterministic JSON (goldens
 ``goldens/<fixture>.<wrt>.evaldoc.json``).
@@ -26,7 +34,7 @@ from functools import cached_property
 from ..calculus.inline import inline_observed
 from ..errors import JacError
 from ..model.deep import run_deep
-from ..model.expr import (AGG, Node, free_names, iter_children, map_children, node_count, stable_json,
+from ..model.expr import (AGG, Node, free_names, iter_children, map_children, node, node_count, stable_json,
                           substitute, to_wire)
 from ..model.layout import ModelLayout, model_layout
 from ..model.load import SystemView
@@ -58,6 +66,20 @@ class Field:
         for _, lo, hi in self.dims:
             n *= hi - lo + 1
         return n
+
+
+def _lane_reads(lay: ModelLayout, pins) -> dict:
+    """Bare-name → per-lane read substitutions: the states of a box and the
+    ``per_lane`` parameters, read at the piece's own cell ``pins``."""
+    names = (lay.states if lay.box else ()) + lay.per_lane
+    return {n: node("index", [n, *pins]) for n in names}
+
+
+def _box_rows(lay: ModelLayout, rows, pins):
+    """A box piece/band's row region and pins on the virtual cell axis."""
+    if lay.box and not rows:
+        return ((1, 1),), ("_b1",)
+    return tuple(rows), tuple(pins)
 
 
 @dataclass(frozen=True)
@@ -113,9 +135,11 @@ class EvalDoc:
             "esmjac_evaldoc": EVALDOC_VERSION,
             "model": lay.model, "wrt": self.wrt, "lane_kind": self.kind,
             "cell_shape": list(lay.cell_shape) if self.kind == "cell" else [],
+            **({"box": True} if lay.box else {}),
             "index_sets": dict(sorted(axes.items())),
             "inputs": {"states": list(lay.states), "parameters": list(lay.params),
-                       "forcing": list(lay.forcing)},
+                       "forcing": list(lay.forcing),
+                       **({"per_lane": list(lay.per_lane)} if lay.per_lane else {})},
             "variables": variables,
             "observed": eqs,
             "fields": fields,
@@ -243,6 +267,8 @@ def rhs_doc(view: SystemView, lay: ModelLayout | None = None) -> EvalDoc:
     """The evaluation document of the right-hand side."""
     lay = lay or model_layout(view)
     pieces = run_deep(rhs_pieces, view)
+    if lay.box or lay.per_lane:
+        pieces = [_lane_piece(lay, p) for p in pieces]
     kind = "cell" if lay.cell_shape and all(
         _pointwise(lay, p.rows, p.pins, (), p.expr, ()) and not _has_bare_arrays(lay, p.expr)
         for p in pieces) else "global"
@@ -251,6 +277,40 @@ def rhs_doc(view: SystemView, lay: ModelLayout | None = None) -> EvalDoc:
         fields.append(_field(f"F{k + 1}", p.row, None, p.rows, p.pins, (), p.expr, (), kind))
     obs, fields = run_deep(_hoist, fields)
     return EvalDoc(lay, None, kind, obs, tuple(fields))
+
+
+def _one_cell_pins(lay: ModelLayout, rows, pins) -> bool:
+    cell = lay.cell_shape
+    return bool(cell) and all(n == 1 for n in cell) and tuple(rows) == tuple((1, 1) for _ in cell) \
+        and tuple(pins) == tuple(1 for _ in cell)
+
+
+def _unpin(e, lay: ModelLayout, lits: tuple, names: tuple):
+    """``e`` with every read ``X[1,…]`` of a cell-shaped array as ``X[names]``."""
+    cell = lay.cell_shape
+    memo: dict = {}
+
+    def go(x):
+        if not isinstance(x, Node):
+            return x
+        r = memo.get(id(x))
+        if r is None:
+            if x.op == "index" and isinstance(x.args[0], str) and lay.shapes.get(x.args[0]) == cell \
+                    and tuple(x.args[1:]) == lits:
+                r = node("index", [x.args[0], *names])
+            else:
+                r = map_children(x, go)
+            memo[id(x)] = r
+        return r
+    return go(e)
+
+
+def _lane_piece(lay: ModelLayout, p):
+    from .lowering import Piece
+    rows, pins = _box_rows(lay, p.rows, p.pins)
+    if not all(isinstance(x, str) for x in pins):
+        return p                   # not pointwise: stays global
+    return Piece(p.row, rows, pins, substitute(p.expr, _lane_reads(lay, pins)))
 
 
 def jacobian_doc(bs, lay: ModelLayout | None = None, rhs_kind: str | None = None) -> EvalDoc:
@@ -265,7 +325,22 @@ def jacobian_doc(bs, lay: ModelLayout | None = None, rhs_kind: str | None = None
             b = en.band
             coef = inline_observed(b.coef, obs)
             cidx = tuple(inline_observed(c, obs) for c in b.cidx)
-            items.append((en, b, coef, cidx))
+            rows, ridx = b.rows, b.ridx
+            if _one_cell_pins(lay, rows, ridx):
+                # A one-cell grid: the calculus pins the size-1 index to the
+                # literal 1; name it again so the band stays pointwise.
+                names = tuple(f"_p{k + 1}" for k in range(len(ridx)))
+                coef = _unpin(coef, lay, tuple(ridx), names)
+                if tuple(cidx) == tuple(ridx):
+                    cidx = names
+                ridx = names
+            if lay.box or lay.per_lane:
+                rows, ridx = _box_rows(lay, rows, ridx)
+                if all(isinstance(x, str) for x in ridx):
+                    coef = substitute(coef, _lane_reads(lay, ridx))
+                    if en.col in lay.per_lane or (lay.box and en.col in lay.states):
+                        cidx = tuple(ridx)
+            items.append((en, b, rows, ridx, coef, cidx))
         return items
 
     items = run_deep(work)
@@ -273,15 +348,15 @@ def jacobian_doc(bs, lay: ModelLayout | None = None, rhs_kind: str | None = None
     if rhs_kind == "global" or not lay.cell_shape:
         kind = "global"
     else:
-        for en, b, coef, cidx in items:
+        for en, b, rows, ridx, coef, cidx in items:
             cs = lay.shapes.get(en.col, ()) if en.col != "t" else ()
-            if b.contracted or not _pointwise(lay, b.rows, b.ridx, cidx, coef, cs) \
+            if b.contracted or not _pointwise(lay, rows, ridx, cidx, coef, cs) \
                     or _has_bare_arrays(lay, coef) or (cs and cs != lay.cell_shape):
                 kind = "global"
                 break
     fields = []
-    for k, (en, b, coef, cidx) in enumerate(items):
-        fields.append(_field(f"J{k + 1}", en.row, en.col, b.rows, b.ridx, cidx, coef,
+    for k, (en, b, rows, ridx, coef, cidx) in enumerate(items):
+        fields.append(_field(f"J{k + 1}", en.row, en.col, rows, ridx, cidx, coef,
                              b.contracted, kind))
     hobs, fields = run_deep(_hoist, fields)
     return EvalDoc(lay, bs.wrt, kind, hobs, tuple(fields))

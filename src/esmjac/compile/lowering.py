@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..calculus import context
-from ..calculus.bands import Ctx, push_index, aggregate_box, is_array_expr, place_subregion
+from ..calculus.bands import Ctx, same_rank, aggregate_box, is_array_expr, place_subregion, push_index
 from ..calculus.inline import inline_observed, range_of, region_bound
 from ..errors import JacError
 from ..model.expr import AGG, Node, free_names, mul, node, op, substitute
@@ -77,6 +77,7 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
         out.append((rows, names, mul(e, *scale)))
         return
     if isinstance(e, str):
+        same_rank(e, len(shape), ctx)
         rows, names = _full(shape)
         out.append((rows, names, mul(node("index", [e, *names]), *scale)))
         return
@@ -110,6 +111,10 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
 
 def _aggregate(out: list, e: Node, ctx: Ctx, shape: tuple, scale: tuple) -> None:
     oidx, rows, ranges = aggregate_box(e, ctx, shape)
+    if len(oidx) != len(shape):
+        raise JacError("unsupported_construct",
+                       f"a rank-{len(oidx)} aggregate is broadcast into a rank-{len(shape)} array; "
+                       "bare-axis broadcasting is not compiled (give the aggregate every output index)")
     contracted = {n: list(range_of(r, ctx.index_sets)) for n, r in ranges.items() if n not in oidx}
     body = e.body
     if contracted:

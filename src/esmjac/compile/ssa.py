@@ -13,6 +13,12 @@ dimension ``d``; for cell lanes the cell index), ``lane(src, s)`` (the
 lane-local read ``src[s*L + l]``, ``src`` ∈ ``u``/``f``), ``gload(src, base,
 sizes, strides, *index value ids)`` (a clamped read of a flat array at an
 index computed per point), ``hoist(j)``.
+
+Constant folding happens as instructions are emitted (:meth:`Block.emit`):
+an arithmetic operation on literals is its literal value (IEEE double, the
+same bits the compiled code would compute), ``(-1)·x`` is ``-x`` and
+``1·x`` is ``x`` (both exact), and a uniform value that folds to a literal
+is that literal in the point code, never a slot of ``h``.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import itertools
 import math
 
 from ..errors import JacError
+from ..model.closed import expand_closed
 from ..model.expr import AGG, Node, free_names, is_lit, node, substitute
 from ..model.layout import strides as row_major_strides
 
@@ -41,6 +48,9 @@ class Block:
         self._memo: dict = {}
 
     def emit(self, op: str, *args) -> int:
+        folded = self._fold(op, args)
+        if folded is not None:
+            return folded
         key = (op, args)
         v = self._memo.get(key)
         if v is None:
@@ -51,6 +61,35 @@ class Block:
 
     def __len__(self) -> int:
         return len(self.ins)
+
+    def const_of(self, v: int):
+        """The literal value of ``v``, or None."""
+        op, args = self.ins[v]
+        return float(args[0]) if op == "const" else None
+
+    def _fold(self, op: str, args: tuple):
+        if op in ("+", "-", "*", "/") and len(args) == 2:
+            a, b = (self.const_of(x) for x in args)
+            if a is not None and b is not None:
+                try:
+                    r = {"+": a + b, "-": a - b, "*": a * b}[op] if op != "/" else a / b
+                except ZeroDivisionError:
+                    return None        # left to the compiled code (inf/nan per IEEE)
+                return self.emit("const", r)
+            if op == "*":
+                for c, x in ((a, args[1]), (b, args[0])):
+                    if c == -1.0:
+                        return self.emit("neg", x)      # exact: (-1)·x == -x
+                    if c == 1.0:
+                        return x                        # exact
+        elif op == "neg":
+            a = self.const_of(args[0])
+            if a is not None:
+                return self.emit("const", -a)
+            iop, iargs = self.ins[args[0]]
+            if iop == "neg":
+                return iargs[0]                         # -(-x) == x
+        return None
 
 
 class Lowering:
@@ -100,6 +139,13 @@ class Lowering:
             self._pmemo[key] = v
         return v
 
+    def _hoist(self, blk: Block, e) -> int:
+        """A point block's reference to uniform ``e``: its literal when it
+        folds to one, else ``hoist(j)`` (read from ``h``)."""
+        j = self.uniform(e)
+        c = self.prologue.const_of(j)
+        return blk.emit("const", c) if c is not None else blk.emit("hoist", j)
+
     # -- point values ------------------------------------------------------------
     def point(self, blk: Block, e, dims: dict) -> int:
         """Value of ``e`` at a point of a box whose dimension names are
@@ -116,8 +162,11 @@ class Lowering:
                 continue
             if x in memo:
                 continue
+            if x.op == "fn":        # interp.* over literal tables: primitive arithmetic
+                memo[x] = self._lower(blk, expand_closed(x), dims, uniform_block)
+                continue
             if not uniform_block and self._is_uniform(x):
-                memo[x] = blk.emit("hoist", self.uniform(x))
+                memo[x] = self._hoist(blk, x)
                 continue
             if x.op in ("index", AGG):
                 memo[x] = self._special(blk, x, dims, uniform_block)
@@ -138,10 +187,9 @@ class Lowering:
             if x in dims:
                 return blk.emit("idx", dims[x])
             if x in self.params:
-                return blk.emit("param", self.params[x]) if uniform_block else \
-                    blk.emit("hoist", self.uniform(x))
+                return blk.emit("param", self.params[x]) if uniform_block else self._hoist(blk, x)
             if x == "t":
-                return blk.emit("time") if uniform_block else blk.emit("hoist", self.uniform(x))
+                return blk.emit("time") if uniform_block else self._hoist(blk, x)
             if x in self.scalars and not uniform_block:
                 return blk.emit("gload", "u", self.scalars[x], (), ())
             raise JacError("unsupported_construct", f"`{x}` has no value in the compiled program")
@@ -155,13 +203,28 @@ class Lowering:
             # the per-point work is only what varies. Order kept otherwise.
             uni = [a for a in x.args if self._is_uniform(a)]
             if 1 <= len(uni) < len(x.args) and (len(uni) > 1 or o == "*"):
-                h = blk.emit("hoist", self.uniform(node(o, uni) if len(uni) > 1 else uni[0]))
                 rest = [v for a, v in zip(x.args, vals) if not self._is_uniform(a)]
                 if o == "*":
-                    # Varying factors first, in value order: k1*A*B, -k1*B*A
-                    # share A*B (a reaction's concentration product) across
-                    # the species it moves.
-                    return blk.emit("*", _fold(blk, o, sorted(rest)), h) if rest else h
+                    # A sign in the stoichiometry (±1 · k · A·B) is not
+                    # multiplied into the hoisted rate constant: k·A·B is one
+                    # value shared by every species the reaction moves, and
+                    # the sign becomes a subtraction in the species' sum
+                    # (exact: (-k)·y == -(k·y), a + (-y) == a - y).
+                    c = 1.0
+                    for a in uni:
+                        if is_lit(a):
+                            c *= float(a)
+                    others = [a for a in uni if not is_lit(a)]
+                    sign = 1.0
+                    if others and c < 0.0:
+                        sign = -1.0
+                        uni = others if c == -1.0 else [-c] + others
+                    h = self._hoist(blk, node(o, uni) if len(uni) > 1 else uni[0])
+                    # Varying factors first, in value order: k1*A*B, k1*B*A
+                    # share A*B (a reaction's concentration product).
+                    v = blk.emit("*", _fold(blk, o, sorted(rest)), h) if rest else h
+                    return blk.emit("neg", v) if sign == -1.0 else v
+                h = self._hoist(blk, node(o, uni) if len(uni) > 1 else uni[0])
                 return _fold(blk, o, [h] + rest)
         if o == "+":
             return _fold(blk, "+", vals) if vals else blk.emit("const", 0.0)
@@ -264,9 +327,14 @@ def _table(v) -> tuple:
 
 
 def _fold(blk: Block, o: str, vals: list) -> int:
+    """Left fold of an n-ary operation; in a sum ``a + (-y)`` is ``a - y``
+    (exact)."""
     acc = vals[0]
     for v in vals[1:]:
-        acc = blk.emit(o, acc, v)
+        if o == "+" and blk.ins[v][0] == "neg":
+            acc = blk.emit("-", acc, blk.ins[v][1][0])
+        else:
+            acc = blk.emit(o, acc, v)
     return acc
 
 

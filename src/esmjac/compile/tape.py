@@ -8,6 +8,12 @@ interpreter kernel compiled once and cached forever. Each work item is a
 chunk of lanes, and each instruction is a unit-stride loop over the chunk,
 so dispatch is amortized over :data:`CHUNK` lanes. Cell programs only
 (global programs read at computed offsets and stay generated code).
+
+Stores go lanes-fastest (``out[a*L + l]``: the band slab, the right-hand
+side; ``W = 0``) or straight into a tiled plan's slots (``W > 0``: slot
+``a`` of lane ``l`` at ``((l // W)*P + a)*W + l % W``, docs/design.rst §4), for all
+``C`` stored lanes (``C`` ≥ ``L``: padding lanes read the last lane), with
+the slots ``zslots`` no band reaches written as zero.
 """
 from __future__ import annotations
 
@@ -136,13 +142,17 @@ def _row(op, args, d, srcs, consts, cpos) -> tuple:
 
 
 @nb.njit(parallel=True, cache=True, nogil=True, error_model="numpy")
-def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg):
-    """Execute ``code`` for lanes ``0..L-1`` (see module docstring)."""
-    nch = (L + CHUNK - 1) // CHUNK
+def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
+    """Execute ``code`` for lanes ``0..C-1`` (see module docstring)."""
+    nch = (C + CHUNK - 1) // CHUNK
     for ch in nb.prange(nch):
         l0 = ch * CHUNK
-        m = min(L, l0 + CHUNK) - l0
+        m = min(C, l0 + CHUNK) - l0
         R = np.empty((nreg, CHUNK), dtype=np.float64)
+        for z in range(zslots.shape[0]):
+            for j in range(m):
+                l = l0 + j
+                out[((l // W) * P + zslots[z]) * W + l % W] = 0.0
         for i in range(code.shape[0]):
             o = code[i, 0]
             d = code[i, 1]
@@ -166,16 +176,21 @@ def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg):
                     R[d, j] = t
             elif o == 4:
                 for j in range(m):
-                    R[d, j] = cix[a * L + l0 + j]
+                    R[d, j] = cix[a * L + min(l0 + j, L - 1)]
             elif o == 5:
                 for j in range(m):
-                    R[d, j] = u[a * L + l0 + j]
+                    R[d, j] = u[a * L + min(l0 + j, L - 1)]
             elif o == 6:
                 for j in range(m):
-                    R[d, j] = f[a * L + l0 + j]
+                    R[d, j] = f[a * L + min(l0 + j, L - 1)]
             elif o == 7:
-                for j in range(m):
-                    out[a * L + l0 + j] = R[d, j]
+                if W == 0:
+                    for j in range(m):
+                        out[a * L + l0 + j] = R[d, j]
+                else:
+                    for j in range(m):
+                        l = l0 + j
+                        out[((l // W) * P + a) * W + l % W] = R[d, j]
             elif o == 8:
                 h[a] = R[d, 0]
             elif o == 9:

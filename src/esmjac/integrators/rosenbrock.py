@@ -22,10 +22,13 @@ Methods (coefficients in the transformed "KPP" form of Hairer & Wanner,
 * ``"ros3"`` — 3 stages, order 3(2), L-stable, γ ≈ 0.4358665. Same source;
   the transformed coefficients are the published 32-digit values.
 
-Why one step size for all lanes: lanes advance in lock-step so every kernel
-is a uniform loop over lanes with no per-lane control flow. The price is that
-the stiffest lane sets the step for all, which is the usual trade for
-vectorised chemistry (as in KPP's vector mode).
+This module's :func:`rosenbrock` is the *shared-step* driver for arbitrary
+callables over all lanes: lanes advance in lock-step with one step size,
+so the stiffest lane sets the pace (the usual trade of vectorised chemistry,
+and NCAR MICM's known weakness). The native leaf
+(:func:`esmjac.adapters.native.rosenbrock`) uses the per-lane engine of
+:mod:`esmjac.integrators.lanestep` instead — every lane its own step size —
+with these same tableaus.
 """
 from __future__ import annotations
 

@@ -3,6 +3,6 @@ onto them."""
 from __future__ import annotations
 
 from .plans import ScatterPlan
-from .types import LAYOUTS, ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
+from .types import LAYOUTS, ColumnBanded, Csc, Csr, LaneBlocks, LaneSparseBlocks
 
-__all__ = ["LaneBlocks", "LaneSparseBlocks", "ColumnBanded", "Csr", "LAYOUTS", "ScatterPlan"]
+__all__ = ["LaneBlocks", "LaneSparseBlocks", "ColumnBanded", "Csr", "Csc", "LAYOUTS", "ScatterPlan"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from ..errors import JacError
 from ..linalg.factorization import block_order
 from ..model.expr import Node, is_lit
 from ..model.layout import strides
-from .types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
+from .types import ColumnBanded, Csc, Csr, LaneBlocks, LaneSparseBlocks, tile_capacity, tile_index, tile_width
 
 __all__ = ["ScatterPlan", "build_plan", "field_meta", "column_split"]
 
@@ -225,18 +225,46 @@ class ScatterPlan:
     info: FrozenMap            # JSON-able facts (shape, ordering, lu_pattern, bands…)
     lanes: int | None = None   # required lane count (None: any)
     key: str = ""              # content hash (set by build_plan)
+    #: Derived read-only index arrays per lane count (csr_index), computed on
+    #: first use; not part of the plan's content (never pickled or compared).
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "arrays", frozen_arrays(self.arrays))
         object.__setattr__(self, "info", frozen_arrays(self.info))
 
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_memo"}
+
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__["_memo"] = {}
         self.__post_init__()           # pickle does not keep writeable=False
+
+    @property
+    def tiled(self) -> bool:
+        """Whether this is a lane plan stored in tiles (LaneBlocks, LaneSparseBlocks)."""
+        return self.kind == "lane" and "tile" in self.info
+
+    @property
+    def tile(self) -> int | None:
+        """The layout's tile width option (None: one tile of the whole capacity)."""
+        return self.info.get("tile")
+
+    def tile_width(self, lanes: int) -> int:
+        """The tile width ``W`` at ``lanes`` lanes: slot ``q`` of lane ``l``
+        is at ``((l // W)*nslots + q)*W + l % W`` (layouts.types)."""
+        if self.kind == "lane":
+            return tile_width(self.info.get("tile"), lanes) if self.tiled else lanes
+        return int(self.info.get("tile_width", lanes))
+
+    def capacity(self, lanes: int) -> int:
+        """Stored lanes at ``lanes`` workspace lanes (padded to a multiple of the tile)."""
+        return tile_capacity(self.info.get("tile"), lanes) if self.tiled else lanes
 
     def out_size(self, lanes: int) -> int:
         if self.kind == "lane":
-            return int(self.info["slots_per_lane"]) * lanes
+            return int(self.info["slots_per_lane"]) * self.capacity(lanes)
         return int(self.info["size"])
 
     def check_lanes(self, lanes: int) -> None:
@@ -247,7 +275,7 @@ class ScatterPlan:
 
     # -- serialization --------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"esmjac_plan": 1, "layout": self.layout.name, "kind": self.kind,
+        return {"esmjac_plan": 2, "layout": self.layout.name, "kind": self.kind,
                 "lanes": self.lanes,
                 "info": _plain(self.info),
                 "arrays": {k: v.tolist() for k, v in sorted(self.arrays.items())}}
@@ -255,13 +283,141 @@ class ScatterPlan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")) + "\n"
 
+    def csr_index(self, lanes: int | None = None) -> tuple:
+        """``(indptr, indices, shape)`` of a Csr plan at ``lanes`` lanes (a
+        cell program's default: its document's cells). Lane-count agnostic
+        plans build them on first use per lane count (read-only, cached)."""
+        if "indptr" in self.arrays:
+            return self.arrays["indptr"], self.arrays["indices"], tuple(self.info["shape"])
+        if "csr_clane" not in self.arrays and "csc_rpos" not in self.arrays:
+            raise JacError("bad_option", f"the {self.layout.name} plan has no compressed index arrays")
+        L = int(self.info["cells"] if lanes is None else lanes)
+        key = ("csr_index", L)
+        got = self._memo.get(key)
+        if got is None:
+            got = _csr_lanes(self.arrays, self.info, L) if "csr_clane" in self.arrays else \
+                _csc_lanes(self.arrays, self.info, L)
+            self._memo[key] = got
+        return got
+
+    #: The compressed (indptr, indices, shape) of a Csr or Csc plan.
+    sparse_index = csr_index
+
     @property
     def indptr(self) -> np.ndarray:
-        return self.arrays["indptr"]
+        return self.csr_index()[0]
 
     @property
     def indices(self) -> np.ndarray:
-        return self.arrays["indices"]
+        return self.csr_index()[1]
+
+    def shape_at(self, lanes: int | None = None) -> tuple:
+        """The matrix shape of a Csr plan at ``lanes`` lanes."""
+        return self.csr_index(lanes)[2]
+
+
+def _csr_lanes(arrays: dict, info: dict, L: int) -> tuple:
+    """indptr/indices of a cell program's CSR matrix at ``L`` lanes: row
+    (species s, lane l) holds s's columns in order; a lane column ``c`` of
+    lane ``l`` is ``c*L + l``, a scalar column ``g`` is ``n_lane_cols*L + g``."""
+    cnt = np.asarray(info["row_nnz"], dtype=_I)
+    n = cnt.size
+    indptr = np.zeros(n * L + 1, _I)
+    indptr[1:] = np.cumsum(np.repeat(cnt, L))
+    clane, cpos = arrays["csr_clane"], arrays["csr_cpos"]
+    start = np.concatenate([[0], np.cumsum(cnt)]).astype(_I)
+    lanes = np.arange(L, dtype=_I)[:, None]
+    parts = []
+    for s in range(n):
+        ln = clane[start[s]:start[s + 1]]
+        base = np.where(ln == 1, cpos[start[s]:start[s + 1]] * L, int(info["n_lane_cols"]) * L +
+                        cpos[start[s]:start[s + 1]])
+        parts.append((base[None, :] + lanes * ln[None, :]).ravel())
+    indices = np.concatenate(parts) if parts else np.zeros(0, _I)
+    indptr.setflags(write=False)
+    indices.setflags(write=False)
+    ncols = int(info["n_lane_cols"]) * L + int(info["n_glob_cols"])
+    return indptr, indices, (n * L, ncols)
+
+
+def _csc_lanes(arrays: dict, info: dict, L: int) -> tuple:
+    """indptr/indices (rows) of a cell program's CSC matrix at ``L`` lanes:
+    lane column (c, l) holds rows ``r*L + l`` for c's rows r ascending; a
+    scalar column holds rows ``r*L + l`` for its rows r, each over every lane."""
+    lcnt = np.asarray(info["col_nnz"], dtype=_I)
+    gcnt = np.asarray(info["glob_col_nnz"], dtype=_I)
+    counts = np.concatenate([np.repeat(lcnt, L), gcnt * L])
+    indptr = np.zeros(counts.size + 1, _I)
+    indptr[1:] = np.cumsum(counts)
+    rpos = arrays["csc_rpos"]
+    lanes = np.arange(L, dtype=_I)
+    parts, k = [], 0
+    for m in lcnt:
+        rows = rpos[k:k + m]
+        parts.append((rows[None, :] * L + lanes[:, None]).ravel())
+        k += m
+    for m in gcnt:
+        rows = rpos[k:k + m]
+        parts.append((rows[:, None] * L + lanes[None, :]).ravel())
+        k += m
+    indices = np.concatenate(parts) if parts else np.zeros(0, _I)
+    indptr.setflags(write=False)
+    indices.setflags(write=False)
+    return indptr, indices, (int(info["n_rows_per_lane"]) * L, lcnt.size * L + gcnt.size)
+
+
+def _csc(prog) -> tuple:
+    """A plan writing SciPy's CSC order directly (see ``types.Csc``)."""
+    nrows = sum(prog.layout.size(s) for s in prog.layout.states)
+    if prog.kind == "cell":
+        rc, n, m = _block_pattern(prog)
+        cols = list(prog.col_vars)
+        cpos = {v: i for i, v in enumerate(cols)}
+        lane_vars, glob_vars = prog.meta["lane_vars"], prog.meta["glob_vars"]
+        rows_of = {c: sorted({r for r, cc in rc if cc == c}) for c in range(m)}
+        keys, a, b, stride, rpos = [], [], [], [], []
+        Q = 0
+        for v in lane_vars:             # lane column (c, l): Q_c*L + l*m_c + j
+            c = cpos[v]
+            for j, r in enumerate(rows_of[c]):
+                keys.append((r, c))
+                a.append(Q)
+                b.append(j)
+                stride.append(len(rows_of[c]))
+                rpos.append(r)
+            Q += len(rows_of[c])
+        for v in glob_vars:             # scalar column: (Q + rank)*L + l
+            c = cpos[v]
+            for r in rows_of[c]:
+                keys.append((r, c))
+                a.append(Q)
+                b.append(0)
+                stride.append(1)
+                rpos.append(r)
+                Q += 1
+        ptr, src = _slots_from(keys, rc)
+        info = {"shape": [nrows, prog.n_cols], "nnz": int(Q * prog.cells), "slots_per_lane": Q,
+                "cells": prog.cells, "n_rows_per_lane": n,
+                "col_nnz": [len(rows_of[cpos[v]]) for v in lane_vars],
+                "glob_col_nnz": [len(rows_of[cpos[v]]) for v in glob_vars]}
+        arrays = dict(ptr=ptr, src=src, a=np.array(a, _I), b=np.array(b, _I),
+                      stride=np.array(stride, _I), csc_rpos=np.array(rpos, _I))
+        arrays.update(_fused(arrays, prog.n_fields))
+        return "lane", arrays, info, None
+    j, row, col = _points(prog)
+    o = _csr_order(col, row, j.size)
+    r, c, jj = row[o], col[o], j[o]
+    new = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])] if r.size else np.zeros(0, bool)
+    nnz = int(new.sum())
+    ptr = np.r_[np.flatnonzero(new), r.size].astype(_I) if r.size else np.zeros(1, _I)
+    indices = r[new].astype(_I)
+    indptr = np.zeros(prog.n_cols + 1, _I)
+    np.add.at(indptr, c[new] + 1, 1)
+    indptr = np.cumsum(indptr).astype(_I)
+    info = {"shape": [nrows, prog.n_cols], "nnz": nnz, "size": nnz}
+    arrays = dict(ptr=ptr, src=jj.astype(_I), pos=np.arange(nnz, dtype=_I),
+                  indptr=indptr, indices=indices)
+    return "point", arrays, info, 1
 
 
 def _plain(x):
@@ -284,11 +440,13 @@ def build_plan(prog, layout) -> ScatterPlan:
         kind, arrays, info, lanes = _lane_blocks(prog, layout)
     elif isinstance(layout, Csr):
         kind, arrays, info, lanes = _csr(prog)
+    elif isinstance(layout, Csc):
+        kind, arrays, info, lanes = _csc(prog)
     elif isinstance(layout, ColumnBanded):
         kind, arrays, info, lanes = _column_banded(prog, layout)
     else:
         raise JacError("bad_option", f"unknown layout {layout!r}; use LaneBlocks, LaneSparseBlocks, "
-                       "ColumnBanded or Csr")
+                       "ColumnBanded, Csr or Csc")
     h = hashlib.sha256(repr((layout.name, kind, lanes, sorted(info.items()))).encode())
     for k in sorted(arrays):
         h.update(k.encode())
@@ -356,6 +514,7 @@ def _lane_blocks(prog, layout) -> tuple:
         a = np.arange(len(keys), dtype=_I)
     info["slots_per_lane"] = len(keys)
     info["unit_stride"] = True
+    info["tile"] = layout.tile
     arrays = dict(ptr=ptr, src=src, a=a, b=np.zeros(len(keys), _I), stride=np.ones(len(keys), _I))
     arrays.update(_fused(arrays, prog.n_fields))
     return "lane", arrays, info, None
@@ -395,22 +554,21 @@ def _csr(prog) -> tuple:
                 stride.append(len(per[s]))
             P += len(per[s])
         ptr, src = _slots_from(keys, rc)
-        # indptr/indices for L = N
-        indptr = np.zeros(nrows + 1, _I)
-        counts = np.repeat([len(per[s]) for s in range(n)], N)
-        indptr[1:] = np.cumsum(counts)
-        parts = []
-        cells = np.arange(N, dtype=_I)[:, None]
-        for s in range(n):
-            base = np.array([prog.col_base[cols[c]] for c in per[s]], dtype=_I)
-            lane = np.array([cols[c] in lane_vars for c in per[s]], dtype=_I)
-            parts.append((base[None, :] + cells * lane[None, :]).ravel())
-        indices = np.concatenate(parts) if parts else np.zeros(0, _I)
-        info = {"shape": [nrows, prog.n_cols], "nnz": int(indptr[-1]), "slots_per_lane": P}
+        # indptr/indices depend on the lane count: built per lane count on
+        # demand (csr_index) from these per-slot recipes, never stored per cell.
+        lane_pos = {v: i for i, v in enumerate(prog.meta["lane_vars"])}
+        glob_pos = {v: i for i, v in enumerate(prog.meta["glob_vars"])}
+        clane = np.array([cols[c] in lane_vars for s in range(n) for c in per[s]], dtype=_I)
+        cpos = np.array([lane_pos[cols[c]] if cols[c] in lane_vars else glob_pos[cols[c]]
+                         for s in range(n) for c in per[s]], dtype=_I)
+        info = {"shape": [nrows, prog.n_cols], "nnz": int(P * N), "slots_per_lane": P,
+                "cells": N, "n_lane_cols": int(prog.meta["n_lane_cols"]),
+                "n_glob_cols": int(prog.meta["n_glob_cols"]),
+                "row_nnz": [len(per[s]) for s in range(n)]}
         arrays = dict(ptr=ptr, src=src, a=np.array(a, _I), b=np.array(b, _I),
-                      stride=np.array(stride, _I), indptr=indptr, indices=indices)
+                      stride=np.array(stride, _I), csr_clane=clane, csr_cpos=cpos)
         arrays.update(_fused(arrays, prog.n_fields))
-        return "lane", arrays, info, N
+        return "lane", arrays, info, None
     j, row, col = _points(prog)
     o = _csr_order(row, col, j.size)
     r, c, jj = row[o], col[o], j[o]
@@ -472,13 +630,25 @@ def _column_banded(prog, layout: ColumnBanded) -> tuple:
                        f"the Jacobian is not banded along axis {axis} (bandwidths {kl}/{ku} of {m} "
                        "unknowns per column, e.g. a periodic wrap-around); band storage would be "
                        "mostly zeros — use Csr()")
-    pos = ((ku + ri - ci) * m + ci) * C + rl
+    nslots = (kl + ku + 1) * m
+    Wc = tile_width(layout.tile, C)
+    cap = tile_capacity(layout.tile, C)
+    q = (ku + ri - ci) * m + ci
+    j = j.astype(_I)
+    if cap > C:                 # padding columns: copies of the last real column
+        last = rl == C - 1
+        extra = np.arange(C, cap, dtype=_I)
+        q = np.concatenate([q, np.tile(q[last], extra.size)])
+        j = np.concatenate([j, np.tile(j[last], extra.size)])
+        rl = np.concatenate([rl, np.repeat(extra, int(last.sum()))])
+    pos = tile_index(q, rl, nslots, Wc)
     o = _csr_order(pos, j, j.size)
     p_sorted = pos[o]
     new = np.r_[True, p_sorted[1:] != p_sorted[:-1]] if p_sorted.size else np.zeros(0, bool)
     ptr = np.r_[np.flatnonzero(new), p_sorted.size].astype(_I) if p_sorted.size else np.zeros(1, _I)
     arrays = dict(ptr=ptr, src=j[o].astype(_I), pos=p_sorted[new].astype(_I))
-    size = (kl + ku + 1) * m * C
+    size = nslots * cap
     info = {"axis": axis, "columns": C, "m": m, "kl": kl, "ku": ku, "size": size, "zero_first": True,
-            "unknown_order": "level-major (lev*ns + species)"}
+            "unknown_order": "level-major (lev*ns + species)", "tile": layout.tile,
+            "tile_width": Wc, "capacity": cap}
     return "point", arrays, info, 1 if prog.kind == "global" else N

@@ -267,6 +267,24 @@ def map_children(e: Node, fn: Callable[[Expr], Expr]) -> Node:
     return node(e.op, args, body, **fields)
 
 
+ARRAY_OPS = (AGG, "makearray", "arrayop", "broadcast", "reshape", "transpose", "concat")
+
+
+def is_array_expr(e: Expr, arrays) -> bool:
+    """Whether ``e`` is array-valued: an array name (``arrays.is_array``), an
+    array constructor (:data:`ARRAY_OPS`), or an elementwise operation with an
+    array operand. ``index(...)`` reads one element, so it is scalar."""
+    if isinstance(e, str):
+        return arrays.is_array(e)
+    if not isinstance(e, Node):
+        return False
+    if e.op in ARRAY_OPS:
+        return True
+    if e.op == "index":
+        return False
+    return any(is_array_expr(x, arrays) for x in e.args)
+
+
 def walk(e: Expr) -> Iterator[Expr]:
     """Pre-order walk of every node and leaf (iterative: no recursion limit)."""
     stack = [e]

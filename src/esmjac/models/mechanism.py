@@ -7,7 +7,10 @@
   mechanism (unimolecular decays/photolyses and bimolecular reactions, a few
   with a constant third body, each with an Arrhenius rate ``k0*exp(-E/T)``
   over scalar parameters) — deterministic for a seed.
-* :func:`lift` resizes the ``cell`` index set of any per-cell document.
+* :func:`lift` resizes the ``cell`` index set of any per-cell document, or
+  lifts a scalar box mechanism (:func:`box`) onto ``n_cells`` cells.
+* :func:`box` writes a per-cell document as the scalar (0-D) box mechanism
+  chemists publish: no index set, every variable a scalar.
 
 A reaction is a dict ``{"id", "reactants": [names, repeated for
 multiplicity], "products": {name: coefficient}, "rate": <scalar AST>}``.
@@ -20,7 +23,7 @@ import copy
 import random
 from collections import Counter
 
-__all__ = ["mechanism_doc", "synthetic_mechanism", "lift", "couplings", "CELL"]
+__all__ = ["mechanism_doc", "synthetic_mechanism", "lift", "box", "couplings", "CELL"]
 
 #: The index set every generated document is defined over.
 CELL = "cell"
@@ -194,23 +197,116 @@ def synthetic_mechanism(n_species: int, n_reactions: int, n_cells: int, seed: in
     return (doc, reactions) if return_reactions else doc
 
 
-def lift(doc: dict, n_cells: int) -> dict:
-    """A copy of a per-cell document with its ``cell`` index set resized.
+def lift(doc: dict, n_cells: int, cell_parameters=()) -> dict:
+    """A copy of a per-cell document with its ``cell`` index set resized, or
+    of a box mechanism (no ``cell`` index set, scalar variables; see
+    :func:`box`) lifted onto ``n_cells`` cells: every unknown becomes a
+    ``[cell]`` array and each ``D(X) = rhs`` a ``faq`` over the cells.
 
-    Array-valued defaults of ``cell``-shaped variables are cycled or cut to
-    the new length; scalar defaults are kept (they broadcast)."""
+    ``cell_parameters`` (box mechanisms only) names scalar parameters that
+    become ``[cell]`` arrays too (the array twin of ``options={"per_lane":
+    [...]}``). Array-valued defaults of ``cell``-shaped variables are cycled
+    or cut to the new length; scalar defaults are kept (they broadcast)."""
     if n_cells < 1:
         raise ValueError("n_cells must be >= 1")
     out = copy.deepcopy(doc)
-    sets = out.get("index_sets", {})
+    sets = out.setdefault("index_sets", {})
     if CELL not in sets:
-        raise ValueError(f"document has no index set {CELL!r}")
+        _lift_box(out, set(cell_parameters))
+    elif cell_parameters:
+        raise ValueError("lift: cell_parameters applies to box mechanisms only")
     sets[CELL]["size"] = int(n_cells)
     for model in out.get("models", {}).values():
         for var in model.get("variables", {}).values():
             d = var.get("default")
             if var.get("shape") == [CELL] and isinstance(d, list) and d:
                 var["default"] = [d[i % len(d)] for i in range(n_cells)]
+    return out
+
+
+def _map_names(e, fn):
+    """``e`` (esm JSON expression) with every bare name ``n`` replaced by ``fn(n)``."""
+    if isinstance(e, str):
+        return fn(e)
+    if isinstance(e, list):
+        return [_map_names(x, fn) for x in e]
+    if isinstance(e, dict):
+        out = dict(e)
+        if "args" in out:
+            if out.get("op") == "index":
+                out["args"] = [out["args"][0]] + [_map_names(x, fn) for x in out["args"][1:]]
+            elif out.get("op") != "D":
+                out["args"] = [_map_names(x, fn) for x in out["args"]]
+        if "expr" in out:
+            out["expr"] = _map_names(out["expr"], fn)
+        return out
+    return e
+
+
+def _lift_box(doc: dict, cell_params: set) -> None:
+    """In place: a box mechanism as a one-cell per-cell document."""
+    doc["index_sets"][CELL] = {"kind": "interval", "size": 1}
+    for model in doc.get("models", {}).values():
+        vs = model.get("variables", {})
+        if any(v.get("shape") for v in vs.values()):
+            raise ValueError("lift: a document without a `cell` index set must be a scalar box mechanism")
+        unknowns = {n for n, v in vs.items() if v.get("type") in ("unknown", "state")}
+        missing = cell_params - {n for n, v in vs.items() if v.get("type") == "parameter"}
+        if missing:
+            raise ValueError(f"lift: {sorted(missing)} are not parameters")
+        unknowns |= cell_params
+        for n in unknowns:
+            vs[n]["shape"] = [CELL]
+        eqs = []
+        for eq in model.get("equations", []):
+            lhs = eq["lhs"]
+            if not (isinstance(lhs, dict) and lhs.get("op") == "D"):
+                raise ValueError("lift: only D(X) = rhs equations are lifted")
+            body = _map_names(eq["rhs"], lambda n: _idx(n) if n in unknowns else n)
+            eqs.append({**eq, "rhs": {"op": "faq", "output_idx": ["i"], "args": [],
+                                      "ranges": {"i": {"from": CELL}}, "expr": body}})
+        model["equations"] = eqs
+
+
+def box(doc: dict) -> dict:
+    """A per-cell document (one ``faq`` over ``cell`` per equation) as a
+    scalar box mechanism: the ``cell`` index set dropped, every ``[cell]``
+    variable a scalar (an array default keeps its first value), reads
+    ``X[i]`` as ``X``. ``lift(box(doc), n)`` is ``lift(doc, n)`` up to the
+    per-cell defaults."""
+    out = copy.deepcopy(doc)
+    out.get("index_sets", {}).pop(CELL, None)
+    if not out.get("index_sets"):
+        out.pop("index_sets", None)
+
+    def unindex(e):
+        if isinstance(e, list):
+            return [unindex(x) for x in e]
+        if isinstance(e, dict):
+            if e.get("op") == "index" and len(e.get("args", ())) == 2 and e["args"][1] == "i":
+                return e["args"][0]
+            d = dict(e)
+            if "args" in d:
+                d["args"] = unindex(d["args"])
+            if "expr" in d:
+                d["expr"] = unindex(d["expr"])
+            return d
+        return e
+
+    for model in out.get("models", {}).values():
+        for var in model.get("variables", {}).values():
+            if var.get("shape") == [CELL]:
+                del var["shape"]
+                if isinstance(var.get("default"), list):
+                    var["default"] = var["default"][0]
+        eqs = []
+        for eq in model.get("equations", []):
+            rhs = eq["rhs"]
+            if isinstance(rhs, dict) and rhs.get("op") in ("faq", "aggregate") and \
+                    rhs.get("output_idx") == ["i"]:
+                rhs = rhs["expr"]
+            eqs.append({**eq, "rhs": unindex(rhs)})
+        model["equations"] = eqs
     return out
 
 

@@ -15,7 +15,6 @@ asks.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,37 +24,10 @@ from ..calculus.inline import inline_observed
 from ..errors import JacError, typed_errors
 from ..model.deep import run_deep
 from ..model.evaluate import Decline, ev
-from ..model.expr import Node
-from ..model.layout import Point, element_name, element_names, ode_states, resolve_point
+
+from ..model.layout import Point, element_name, element_names, index_reader, ode_states, resolve_point
 
 __all__ = ["oracle_entries", "assemble", "Assembled", "column_names"]
-
-
-def _index_fn(values: dict):
-    def read(e: Node, env: dict) -> float:
-        head = e.args[0]
-        idx = [ev(x, env, read) for x in e.args[1:]]
-        ii = []
-        for x in idx:
-            if x != math.floor(x):
-                raise Decline(f"non-integer subscript {x}")
-            ii.append(int(x) - 1)
-        if isinstance(head, str):
-            arr = values.get(head)
-            if arr is None or not isinstance(arr, np.ndarray) or arr.ndim != len(ii):
-                raise Decline(f"`{head}` is not an array of rank {len(ii)} here")
-            if any(not 0 <= i < n for i, n in zip(ii, arr.shape)):
-                raise Decline(f"read of `{head}` outside its extent")
-            return float(arr[tuple(ii)])
-        if isinstance(head, Node) and head.op == "const":
-            v = head.attr("value")
-            for i in ii:
-                if not 0 <= i < len(v):
-                    raise Decline("const table read out of range")
-                v = v[i]
-            return float(v)
-        raise Decline(f"cannot read an index of `{getattr(head, 'op', head)}`")
-    return read
 
 
 def oracle_entries(bs: BandSet, point: Point) -> dict:
@@ -65,7 +37,7 @@ def oracle_entries(bs: BandSet, point: Point) -> dict:
 
 def _oracle(bs: BandSet, point: Point) -> dict:
     view = bs.view
-    read = _index_fn(point.values)
+    read = index_reader(point.values)
     base_env = {n: v for n, v in point.values.items() if not isinstance(v, np.ndarray)}
     base_env["t"] = point.t
     out: dict = {}

@@ -59,6 +59,31 @@ def lane_gather(B, L, ptr, src, a, b, stride, out):
 
 
 @nb.njit(parallel=True, **_JIT)
+def tile_gather(B, L, W, P, ptr, src, a, out):
+    """out[((l // W)*P + a)*W + l % W] = Σ B[src*L + l] per slot (plan order)
+    for every stored lane ``l`` of the padded capacity; padding lanes read
+    the last real lane. One work item per tile."""
+    nslot = a.shape[0]
+    nt = (L + W - 1) // W
+    for t in nb.prange(nt):
+        l0 = t * W
+        for s in range(nslot):
+            base = (t * P + a[s]) * W
+            j0 = ptr[s]
+            j1 = ptr[s + 1]
+            if j0 == j1:
+                for j in range(W):
+                    out[base + j] = 0
+            else:
+                for j in range(W):
+                    l = min(l0 + j, L - 1)
+                    acc = B[src[j0] * L + l]
+                    for k in range(j0 + 1, j1):
+                        acc += B[src[k] * L + l]
+                    out[base + j] = acc
+
+
+@nb.njit(parallel=True, **_JIT)
 def point_gather(B, ptr, src, pos, out):
     """out[pos[s]] = Σ B[src[j]] for j in slot s (plan order)."""
     for s in nb.prange(pos.shape[0]):
@@ -128,3 +153,18 @@ def count_nonfinite(x):
 
 def first_nonfinite(x: np.ndarray) -> int:
     return int(np.flatnonzero(~np.isfinite(x))[0])
+
+
+def scatter(plan, B, L: int, out) -> None:
+    """``out`` = ``plan``'s gather of the band slab ``B`` at ``L`` lanes
+    (tiled, lanes-fastest or point plans; the one dispatch every caller
+    uses)."""
+    a = plan.arrays
+    if plan.tiled:
+        tile_gather(B, L, plan.tile_width(L), int(plan.info["slots_per_lane"]), a["ptr"], a["src"], a["a"], out)
+    elif plan.kind == "lane":
+        lane_gather(B, L, a["ptr"], a["src"], a["a"], a["b"], a["stride"], out)
+    else:
+        if plan.info.get("zero_first"):
+            out[:] = 0
+        point_gather(B, a["ptr"], a["src"], a["pos"], out)

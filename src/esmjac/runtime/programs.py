@@ -29,17 +29,18 @@ from ..calculus.bandset import BandSet, check_options
 from ..calculus import JacEntry
 from ..calculus.bands import Band
 from ..compile.cache import document_key, load_product, store_product
-from ..compile.engine import ENGINE_OPTIONS, Kernel, compile_doc
+from ..compile.engine import ENGINE_OPTIONS, FusedTape, Kernel, compile_doc, fused_tape
 from ..compile.evaldoc import EvalDoc, Field, jacobian_doc, rhs_doc
 from ..errors import JacError, typed_errors
 from ..layouts.plans import ScatterPlan, build_plan, field_meta
 from ..model.deep import run_deep
-from ..model.layout import ModelLayout, default_vectors, element_names, model_layout
+from ..model.layout import ElementNames, ModelLayout, default_vectors, model_layout
 from ..model.load import SystemView, load_view
 from . import checks as _checks
 from . import kernels as K
 from .workspace import JacWorkspace, RhsScratch, lane_cells
 from .progress import done, stage
+from .bound import BoundJacobian, BoundRhs
 from .second import contract_at
 from .threads import one_thread, serial_below
 
@@ -52,6 +53,7 @@ PROGRAM_OPTIONS = {
     **ENGINE_OPTIONS,         # max_stmts, engine, tape_above (see compile.engine)
     "cache": True,            # reuse whole build products from the on-disk cache
     "progress": None,         # build stages: None = a bar on a terminal (runtime.progress), True, False
+    "per_lane": (),           # scalar parameters read per lane from `forcing` (cell programs)
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -86,6 +88,36 @@ class _Base:
     def n_species(self) -> int:
         return len(self.layout.states)
 
+    def element_names(self, lanes: int | None = None) -> ElementNames:
+        """Names of the state elements in ``u`` order at ``lanes`` lanes
+        (default: the document's cells), computed on access."""
+        if self.kind != "cell":
+            lanes = 1
+        return ElementNames(self.layout, self.kind, self.cells if lanes is None else int(lanes))
+
+    @property
+    def names(self) -> ElementNames:
+        """Element names in ``u`` order at the document's own cell count."""
+        return self.element_names()
+
+    row_names = names
+
+    def defaults(self, lanes: int | None = None) -> tuple:
+        """``(u0, p0, forcing0)`` from the document's defaults at ``lanes``
+        lanes (cell programs: lane ``l`` takes cell ``min(l, cells-1)``'s
+        values, so a box mechanism's defaults broadcast to every lane);
+        entries are None where the document gives no default."""
+        u0, p0, f0 = self.u0, self.p0, self.forcing0
+        if self.kind != "cell" or lanes is None or lanes == self.cells:
+            return u0, p0, f0
+        flat = np.minimum(np.arange(int(lanes)), self.cells - 1)
+
+        def spread(x, k):
+            if x is None:
+                return None
+            return np.ascontiguousarray(x.reshape(k, self.cells)[:, flat].ravel())
+        return spread(u0, len(self.layout.states)), p0, spread(f0, len(self.layout.forcing))
+
     def u_size(self, lanes: int) -> int:
         if self.kind == "cell":
             return len(self.layout.states) * lanes
@@ -113,33 +145,28 @@ class _Base:
         with serial_below(self.u_size(self.cells) if self.kind == "cell" else self.layout.n_state_elements):
             self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
+    def _forcing_default(self, lanes: int):
+        """The default forcing at ``lanes`` lanes (computed once per lane count)."""
+        memo = self.__dict__.setdefault("_fdefault", {})
+        if lanes not in memo:
+            f0 = self.defaults(lanes)[2]
+            if f0 is not None:
+                f0.setflags(write=False)
+            memo[lanes] = f0
+        return memo[lanes]
+
     def _forcing(self, forcing, lanes: int, dtype) -> np.ndarray:
         n = self.f_size(lanes)
         if forcing is None:
             if n == 0:
                 return np.zeros(1, dtype=dtype)
-            f0 = self.forcing0
-            if f0 is None or (self.kind == "cell" and lanes != self.cells):
-                raise JacError("bad_argument", "`forcing` is required (no defaults for this lane count)")
-            return np.ascontiguousarray(f0, dtype=dtype)
+            f0 = self._forcing_default(lanes)
+            if f0 is None:
+                raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
+            return f0 if f0.dtype == dtype else np.ascontiguousarray(f0, dtype=dtype)
         if n == 0:
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
-
-
-def _recovering(run, out, *args) -> None:
-    """``run(*args)``; a Numba cache file that fails to load (corrupt or
-    tampered index/data) is purged and the call retried, so Numba recompiles
-    instead of the entry breaking every later run (compile/cache.py)."""
-    from ..compile.cache import recover_numba_cache
-    for _ in range(16):                  # at most one purge per compiled function
-        try:
-            return run(*args)
-        except Exception as exc:
-            if not recover_numba_cache(exc):
-                raise
-            out[:] = 0                   # accumulating (global) kernels restart from zero
-    return run(*args)
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
@@ -149,7 +176,8 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     keyed = None
     if opts["cache"]:
         keyed = document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
-                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]))
+                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]),
+                             str(tuple(opts["per_lane"])))
     if keyed is not None:
         obj = load_product(keyed[0], _product_types())
         if obj is not None:
@@ -227,7 +255,6 @@ class RhsProgram(_Product, _Base):
     doc: EvalDoc
     layout: ModelLayout
     kind: str
-    names: tuple               # element names in ``u`` order (L = cells)
     param_names: tuple
     forcing_names: tuple
     u0: Any
@@ -255,7 +282,7 @@ class RhsProgram(_Product, _Base):
 
         def make():
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view)
+            lay = model_layout(view, opts["per_lane"])
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
             kern = compile_doc(doc, opts)
@@ -263,7 +290,7 @@ class RhsProgram(_Product, _Base):
                    t0, "rhs")
             u0, p0, f0 = default_vectors(view, lay)
             cix = lane_cells(lay.cell_shape, _cells(lay)) if doc.kind == "cell" else np.zeros(1, np.int64)
-            return cls(doc, lay, doc.kind, tuple(element_names(view, lay.states)),
+            return cls(doc, lay, doc.kind,
                        lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
                        view.element_type, 0.0, cix)
 
@@ -288,6 +315,13 @@ class RhsProgram(_Product, _Base):
         lanes = _checks.lanes(lanes, 8 * (3 * len(self.layout.cell_shape) + 2), "scratch")
         cix = self.default_cix if lanes == default else lane_cells(self.layout.cell_shape, lanes)
         return RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix, self.owner)
+
+    def bind(self, lanes: int | None = None, dtype=None, *, scratch: "RhsScratch | None" = None):
+        """A bound call ``run(u, p, t, forcing, out)`` at ``lanes`` lanes
+        (default: the document's cells) and ``dtype`` (default: the declared
+        element type): checks and kernel choices made once, the first call
+        warm (see ``runtime.bound``). One binding per thread."""
+        return BoundRhs(self, lanes, dtype, scratch)
 
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   scratch: "RhsScratch | None" = None) -> np.ndarray:
@@ -375,7 +409,6 @@ class JacobianProgram(_Product, _Base):
     wrt: str
     bands: tuple               # JacEntry, read-only
     structure: str
-    row_names: tuple
     col_vars: tuple            # column variables, declaration order
     col_base: FrozenMap        # column variable → first global column
     n_cols: int
@@ -399,9 +432,9 @@ class JacobianProgram(_Product, _Base):
 
         def make():
             view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            bs = BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+            lay = model_layout(view, opts["per_lane"])
+            bs = _bandset(view, wrt, lay, opts)
             _stage(opts, f"calculus: {len(bs.entries)} bands ({bs.structure})", t0)
-            lay = model_layout(view)
             rdoc = rhs_doc(view, lay)
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
@@ -412,7 +445,7 @@ class JacobianProgram(_Product, _Base):
             u0, p0, f0 = default_vectors(view, lay)
             fp = hashlib.sha256((kern.key + doc.to_json()).encode()).hexdigest()
             return cls(doc, lay, doc.kind, wrt, tuple(bs.entries), bs.structure,
-                       tuple(element_names(view, lay.states)), cvars, cbase, ncols, kern, fp,
+                       cvars, cbase, ncols, kern, fp,
                        _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
@@ -430,13 +463,14 @@ class JacobianProgram(_Product, _Base):
             return self.n_fields * lanes
         return int(self.meta["slab_size"])
 
-    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = True) -> JacWorkspace:
+    def new_workspace(self, lanes: int | None = None, *, keep_slab: bool = False) -> JacWorkspace:
         """Scratch for one thread; ``lanes`` ≥ cells pads (cell programs).
 
-        ``keep_slab=False`` lets ``eval_into`` write lane layouts directly
-        (fused kernels, no band slab: about half the memory traffic) for
-        callers that only need the matrix; ``apply``/``apply_transpose``/
-        ``contract`` then need a workspace that keeps the slab."""
+        By default ``eval_into`` writes lane layouts directly, tile by tile
+        (no band slab: about half the memory traffic), and ``apply``/
+        ``apply_transpose`` evaluate the band slab from the workspace's copy
+        of the point when first asked; ``keep_slab=True`` evaluates it in
+        every ``eval_into`` instead (the same bits; only when it is spent)."""
         if self.kind == "global":
             if lanes is not None and (isinstance(lanes, bool) or lanes != 1):
                 raise JacError("bad_argument", "a global-lane program has exactly one lane")
@@ -470,6 +504,17 @@ class JacobianProgram(_Product, _Base):
         if plan.fingerprint != self.fingerprint:
             raise JacError("foreign_layout", "this plan was built for another JacobianProgram")
 
+    def bind(self, plan, ws: JacWorkspace, dtype=np.float64, *, keep_point: bool = False):
+        """A bound call ``run(u, p, t, forcing, out)`` of ``eval_into`` for
+        ``plan``, ``ws`` and ``dtype``: plan, workspace, lanes, sizes and
+        dtype checked once, every kernel the calls need compiled now (the
+        first call is warm), per call only attribute checks of the
+        arguments (see ``runtime.bound``). ``contract`` reads the point of
+        the last call on ``ws`` only with ``keep_point=True`` (a copy per
+        call into buffers of the binding); by default a bound call leaves no
+        point, and ``contract`` asks for an ``eval_into`` first."""
+        return BoundJacobian(self, plan, ws, dtype, keep_point=keep_point)
+
     def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
                   ws: JacWorkspace) -> np.ndarray:
         """Fill ``out`` (layout of ``plan``) with ∂f/∂wrt at (u, p, t, forcing).
@@ -489,17 +534,19 @@ class JacobianProgram(_Product, _Base):
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
         with serial_below(u.shape[0]):
-            if not ws.keep_slab and plan.kind == "lane" and self.kernel.engine == "codegen":
-                self._fused_kernel(plan, ws).run_fused(u, pv, t, f, out, ws.h, ws.cix, L, one_thread())
+            bad = None
+            if not ws.keep_slab and plan.kind == "lane" and (self.kernel.engine == "codegen" or plan.tiled):
+                bad = self._run_fused(plan, u, pv, t, f, out, ws, L)
                 ws.last_dtype = None
             else:
                 B = ws.slab(u.dtype, self.slab_size(L))
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
-                _scatter(plan, B, L, out)
+                K.scatter(plan, B, L, out)
                 ws.last_dtype = u.dtype
-            bad = _checks.any_nonfinite(out)
+            if bad is None:              # the tile kernels count while they store
+                bad = _checks.any_nonfinite(out)
         ws.last_plan = plan.fingerprint
-        ws.point = (u.copy(), pv.copy(), t, f.copy())
+        ws.keep_point(u, pv, t, f)
         if bad:
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
@@ -516,18 +563,47 @@ class JacobianProgram(_Product, _Base):
             dest = list(zip(a["fa"].tolist(), a["fb"].tolist(), a["fs"].tolist()))
             zeros = list(zip(a["za"].tolist(), a["zb"].tolist(), a["zs"].tolist()))
             k = compile_doc(self.doc, {**ENGINE_OPTIONS, "engine": "codegen"},
-                            title=f"fused for layout {plan.layout.name}", dest=dest, zeros=zeros)
+                            title=f"direct writes for layout {plan.layout.name}"
+                                  + (f", tile {plan.tile}" if plan.tiled else ""),
+                            dest=dest, zeros=zeros, tile=plan.tile if plan.tiled else None,
+                            nslots=int(plan.info["slots_per_lane"]))
             _FUSED[memo] = k
         if ws is not None:
             ws.fused = (plan.key, k)
         return k
 
+    def _fused_tape(self, plan: ScatterPlan) -> FusedTape:
+        """The tape engine's direct-write body for a tiled plan (slot
+        stores), generated once per process and plan."""
+        memo = (self.fingerprint, plan.key, "tape")
+        k = _FUSED.get(memo)
+        if k is None:
+            k = _FUSED[memo] = fused_tape(self.doc, plan.arrays["fa"], plan.arrays["za"])
+        return k
+
+    def _run_fused(self, plan, u, p, t, f, out, ws, L) -> int | None:
+        """Direct writes into ``plan``'s slots; the number of non-finite
+        values stored when the kernels count them (tiles), else None."""
+        if self.kernel.engine == "tape":
+            self._fused_tape(plan).run(u, p, t, f, out, ws.h, ws.cix, L, plan.tile_width(L),
+                                       int(plan.info["slots_per_lane"]), plan.capacity(L))
+            return None
+        return self._fused_kernel(plan, ws).run_fused(u, p, t, f, out, ws.h, ws.cix, L, one_thread())
+
     def _slab_of(self, ws: JacWorkspace):
+        """The band slab at the point of the last ``eval_into``: kept by it
+        (``keep_slab=True``) or evaluated now from the workspace's copy of
+        that point (direct writes keep no slab), once per ``eval_into``."""
         if ws.last_dtype is None:
-            if not ws.keep_slab:
-                raise JacError("bad_argument", "this workspace keeps no band slab (keep_slab=False); "
-                               "use new_workspace(keep_slab=True) for apply/apply_transpose/contract")
-            raise JacError("bad_argument", "call eval_into first: apply/apply_transpose reuse its band slab")
+            pt = ws.point
+            if pt is None:
+                raise JacError("bad_argument", "call eval_into first: apply/apply_transpose use the Jacobian "
+                               "at its point")
+            u, pv, t, f = pt
+            B = ws.slab(u.dtype, self.slab_size(ws.lanes))
+            with serial_below(u.shape[0]):
+                self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, ws.lanes)
+            ws.last_dtype = u.dtype
         return ws.slabs[ws.last_dtype]
 
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -596,17 +672,6 @@ class JacobianProgram(_Product, _Base):
         return contract_at(self, ws2, lam, v, out)
 
 
-def _scatter(plan: ScatterPlan, B: np.ndarray, L: int, out: np.ndarray) -> None:
-    """``out`` = the plan's gather of the band slab ``B`` at ``L`` lanes."""
-    a = plan.arrays
-    if plan.kind == "lane":
-        K.lane_gather(B, L, a["ptr"], a["src"], a["a"], a["b"], a["stride"], out)
-    else:
-        if plan.info.get("zero_first"):
-            out[:] = 0
-        K.point_gather(B, a["ptr"], a["src"], a["pos"], out)
-
-
 def _check_source(prog: JacobianProgram, source) -> None:
     """Refuse an RhsProgram of another model as a plan's ``source``."""
     if not isinstance(source, RhsProgram):
@@ -624,11 +689,25 @@ def _check_source(prog: JacobianProgram, source) -> None:
                        "differs from this JacobianProgram's)")
 
 
+def _bandset(view, wrt: str, lay: ModelLayout, opts: dict) -> BandSet:
+    """The bands of ∂f/∂wrt; with ``per_lane`` parameters, ``forcing``
+    columns include them (the calculus sees them as scalar parameters)."""
+    if wrt == "forcing" and lay.per_lane:
+        bs = BandSet.build(view, wrt="parameters", options={"allow_empty": bool(opts["allow_empty"])})
+        keep = set(lay.forcing)
+        return dataclasses.replace(bs, wrt="forcing", entries=tuple(e for e in bs.entries if e.col in keep))
+    return BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
+
+
 def _colspace(lay: ModelLayout, wrt: str) -> tuple:
     if wrt == "states":
         cvars = lay.states
     elif wrt == "parameters":
         cvars = lay.all_params
+        if lay.per_lane:
+            # Per-lane columns first, as the cell kernels number them
+            # (lane columns c*L + l, scalar ones after every lane).
+            cvars = lay.forcing + tuple(v for v in lay.all_params if v not in lay.forcing)
     elif wrt == "forcing":
         cvars = lay.forcing
     else:

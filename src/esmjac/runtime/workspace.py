@@ -60,13 +60,14 @@ class JacWorkspace:
     lanes: int
     cix: np.ndarray
     h: np.ndarray
-    keep_slab: bool = True
+    keep_slab: bool = False
     slabs: dict = field(default_factory=dict)
     last_dtype: Any = None
     last_plan: Any = None
-    point: Any = None              # (u, p, t, forcing) of the last eval_into
+    point: Any = None              # (u, p, t, forcing) of the last eval_into (copies, see keep_point)
     second_slab: Any = None        # contract's second-order band values
     fused: Any = None              # (plan key, Kernel) of the last fused eval_into
+    _snap: Any = None              # the buffers ``point`` is copied into
 
     def slab(self, dtype, size: int) -> np.ndarray:
         s = self.slabs.get(dtype)
@@ -75,6 +76,22 @@ class JacWorkspace:
             self.slabs[dtype] = s
         return s
 
+    def keep_point(self, u: np.ndarray, p: np.ndarray, t: float, f: np.ndarray) -> None:
+        """Copy the point of an ``eval_into`` into buffers this workspace
+        keeps (no allocation per call): ``contract`` and a lazily evaluated
+        slab see that point, whatever the caller does with its arrays."""
+        snap = self._snap
+        if snap is None or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(snap, (u, p, f))):
+            snap = self._snap = (np.empty_like(u), np.empty_like(p), np.empty_like(f))
+        for a, b in zip(snap, (u, p, f)):
+            np.copyto(a, b)
+        self.point = (snap[0], snap[1], t, snap[2])
+
     def set_lane_order(self, order, cell_shape: tuple) -> None:
-        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes)."""
-        self.cix = lane_cells(cell_shape, self.lanes, order)
+        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes).
+        Written in place: bindings of this workspace read the same array."""
+        cix = lane_cells(cell_shape, self.lanes, order)
+        if cix.shape == self.cix.shape:
+            self.cix[:] = cix
+        else:
+            self.cix = cix

@@ -1,0 +1,263 @@
+"""The Rosenbrock leaf's benchmark lines (issue #15, DESIGN §10 T7).
+
+    python benchmarks/leaf.py [--cells 10000] [--cells-300 50] [--sample 20] [--out results-leaf.json]
+
+L1 heterogeneous grid: tropo12 on ``--cells`` cells, half of them "night"
+(photolysis off, fj = 0), initial states scaled per cell by 10^U(-1, 1)
+(a factor 10² between cells), one 20-minute chemistry step. Routes: per-lane
+step size (compacting finished lanes; and masking them), one shared step
+size, and one cell at a time (KPP's way: the same leaf called on one lane;
+every ``--sample``-th cell, scaled up). Work = lane-step attempts (and the
+CPU time per attempt); time = CPU time of one thread.
+
+L2 the ~300-species synthetic mechanism (``synthetic_mechanism(300, 800)``)
+on ``--cells-300`` cells: µs per cell per 20-minute step and cells/s of the
+leaf against CVODE (BDF, GMRES + esmjac's block preconditioner) on the same
+cells, tolerances and initial states.
+
+L3 adjoint cost: ``leaf.gradient`` (state and parameters) against the
+forward ``advance`` on tropo12, 1000 cells.
+
+Every route's final state is checked against a tight BDF reference
+(``solve_ivp`` BDF with esmjac's exact sparse Jacobian, rtol 1e-10) on sampled
+cells before its time is reported. Timings are ``time.thread_time`` of the
+calling thread with ``threads=1`` everywhere (the machine is shared: the
+load average is recorded beside each line); routes are interleaved, the
+median of ``--reps`` runs is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from importlib.resources import files
+
+import numpy as np
+
+DT = 1200.0
+RTOL = 1e-4
+
+
+def _cpu(fn):
+    t0 = time.thread_time()
+    r = fn()
+    return time.thread_time() - t0, r
+
+
+def _load():
+    return round(os.getloadavg()[0], 2)
+
+
+def _tropo(cells):
+    from esmjac.models.mechanism import lift
+    return lift(json.loads(files("esmjac.models").joinpath("tropo12.esm").read_text()), cells)
+
+
+def _hetero_state(leaf, L, seed=0):
+    rng = np.random.default_rng(seed)
+    base = leaf.initial_state().reshape(leaf.n_species, -1)[:, :1]
+    u = np.ascontiguousarray((base * 10 ** rng.uniform(-1, 1, L)[None, :]).reshape(-1))
+    fj = np.where(np.arange(L) % 2 == 0, 0.0, 1.0)
+    return u, fj
+
+
+def _reference(doc_fn, cells_idx, u, forcing_rows, nf, n, L, p=None):
+    """Tight BDF (rtol 1e-10, exact sparse Jacobian) on the sampled cells."""
+    from esmjac.adapters.scipy import ivp
+    k = len(cells_idx)
+    doc = doc_fn(k)
+    y0 = np.ascontiguousarray(u.reshape(n, L)[:, cells_idx].reshape(-1))
+    kw = {}
+    if nf:
+        kw["forcing"] = np.ascontiguousarray(forcing_rows.reshape(nf, L)[:, cells_idx].reshape(-1))
+    prob = ivp(doc, y0=y0, threads=1, **kw)
+    sol = prob.solve((0.0, DT), rtol=1e-10, atol=1e-10 * np.maximum(np.abs(y0), 1.0))
+    if not sol.success:
+        raise RuntimeError(f"reference BDF failed: {sol.message}")
+    return sol.y[:, -1].reshape(n, k)
+
+
+def _err(y, ref, atol_s):
+    """Max relative error over species above 1e3·atol (the controlled ones)."""
+    big = np.abs(ref) > 1e3 * atol_s[:, None]
+    return float(np.max(np.abs(y - ref)[big] / np.abs(ref[big])))
+
+
+def bench_hetero(cells, sample, reps, out):
+    from esmjac.adapters.native import rosenbrock
+    doc = _tropo(cells)
+    leaves = {"per-lane (compact)": rosenbrock(doc, rtol=RTOL, threads=1),
+              "per-lane (mask)": rosenbrock(doc, rtol=RTOL, threads=1, compact=False),
+              "shared step": rosenbrock(doc, rtol=RTOL, threads=1, step="shared")}
+    lf = leaves["per-lane (compact)"]
+    n, L = lf.n_species, cells
+    u, fj = _hetero_state(lf, L)
+    picks = np.arange(0, L, sample)
+    picks = np.minimum(picks + (np.arange(picks.size) % 2), L - 1)   # day and night cells alike
+    ref_idx = picks[:: max(1, len(picks) // 20)][:20]
+    ref = _reference(_tropo, ref_idx, u, fj, 1, n, L)
+    res = {k: {"cpu": [], "load": []} for k in list(leaves) + ["one cell at a time"]}
+    finals = {}
+    for rep in range(reps + 1):                      # first round warms up (not timed)
+        for name, leaf in leaves.items():
+            v = u.copy()
+            load = _load()
+            cpu, st = _cpu(lambda: leaf.advance(v, 0.0, DT, forcing=fj))
+            assert st.success, (name, st.message)
+            if rep:
+                res[name]["cpu"].append(cpu)
+                res[name]["load"].append(load)
+            res[name]["attempts"] = int(st.nsteps.sum()) if name != "shared step" else int(st.nsteps.sum())
+            res[name]["nsteps_max"] = int(st.nsteps.max())
+            finals[name] = v
+        # one cell at a time: the same leaf on one lane, every sample-th cell
+        load = _load()
+        t_one, att, ys = 0.0, 0, []
+        for l in picks:
+            w = np.ascontiguousarray(u.reshape(n, L)[:, l])
+            c, st = _cpu(lambda: lf.advance(w, 0.0, DT, forcing=fj[l:l + 1]))
+            t_one += c
+            att += int(st.nsteps[0])
+            ys.append(w.copy())
+        if rep:
+            res["one cell at a time"]["cpu"].append(t_one * L / len(picks))
+            res["one cell at a time"]["load"].append(load)
+        res["one cell at a time"]["attempts"] = int(round(att * L / len(picks)))
+        one = np.stack(ys, axis=1)
+    # bitwise: per-lane results equal the cells alone
+    bitwise = bool(np.array_equal(finals["per-lane (compact)"].reshape(n, L)[:, picks], one))
+    mask_same = bool(np.array_equal(finals["per-lane (compact)"], finals["per-lane (mask)"]))
+    atol_s = np.asarray(lf.atol)
+    lines = []
+    for name, r in res.items():
+        y = one[:, [int(np.flatnonzero(picks == c)[0]) for c in ref_idx]] if name == "one cell at a time" \
+            else finals[name].reshape(n, L)[:, ref_idx]
+        r.update(cpu_median=statistics.median(r["cpu"]), load=r["load"],
+                 err_vs_bdf=_err(y, ref, atol_s))
+        lines.append(r | {"route": name})
+    pl = res["per-lane (compact)"]
+    one_r = res["one cell at a time"]
+    sh = res["shared step"]
+    summary = {
+        "work_ratio_attempts": pl["attempts"] / one_r["attempts"],
+        "work_ratio_cpu_per_attempt_vs_shared": (pl["cpu_median"] / pl["attempts"]) / (sh["cpu_median"] / sh["attempts"]),
+        "speedup_vs_one_at_a_time": one_r["cpu_median"] / pl["cpu_median"],
+        "speedup_vs_shared": sh["cpu_median"] / pl["cpu_median"],
+        "mask_vs_compact_cpu": res["per-lane (mask)"]["cpu_median"] / pl["cpu_median"],
+        "bitwise_lane_alone": bitwise, "mask_bitwise_equal": mask_same,
+        "sampled_one_at_a_time": int(len(picks)),
+    }
+    out["L1"] = {"cells": cells, "routes": lines, "summary": summary}
+    return out
+
+
+def _synth(cells):
+    from esmjac.models.mechanism import synthetic_mechanism
+    return synthetic_mechanism(300, 800, cells, seed=0)
+
+
+def bench_300(cells, reps, out):
+    from esmjac.adapters import sundials
+    from esmjac.adapters.native import rosenbrock
+    doc = _synth(cells)
+    t0 = time.perf_counter()
+    leaf = rosenbrock(doc, rtol=RTOL, threads=1)
+    build = time.perf_counter() - t0
+    n = leaf.n_species
+    rng = np.random.default_rng(1)
+    u = np.ascontiguousarray((leaf.initial_state().reshape(n, cells)
+                              * 10 ** rng.uniform(-0.5, 0.5, cells)[None, :]).reshape(-1))
+    atol = np.repeat(np.asarray(leaf.atol), cells)
+    cv = sundials.cvode(doc, linsolver="spgmr", precond="block", jtimes="setup", rtol=RTOL, atol=atol,
+                        y0=u, threads=1, max_steps=100000)
+    ref_idx = np.arange(0, cells, max(1, cells // 5))[:5]
+    ref = _reference(_synth, ref_idx, u, None, 0, n, cells)
+    rec = {"leaf": {"cpu": [], "load": []}, "cvode": {"cpu": [], "load": []}}
+    for rep in range(reps + 1):
+        v = u.copy()
+        load = _load()
+        c, st = _cpu(lambda: leaf.advance(v, 0.0, DT))
+        assert st.success, st.message
+        if rep:
+            rec["leaf"]["cpu"].append(c)
+            rec["leaf"]["load"].append(load)
+        rec["leaf"]["err_vs_bdf"] = _err(v.reshape(n, cells)[:, ref_idx], ref, np.asarray(leaf.atol))
+        rec["leaf"]["attempts"] = int(st.nsteps.sum())
+        load = _load()
+        cv.reset_counters()
+        c, r = _cpu(lambda: cv.solve(np.array([0.0, DT])))
+        if r.flag != 0:
+            raise RuntimeError(f"CVODE flag {r.flag}: {r.message}")
+        if rep:
+            rec["cvode"]["cpu"].append(c)
+            rec["cvode"]["load"].append(load)
+        yc = np.asarray(r.values.y)[-1]
+        rec["cvode"]["err_vs_bdf"] = _err(yc.reshape(n, cells)[:, ref_idx], ref, np.asarray(leaf.atol))
+        rec["cvode"]["stats"] = {k: v for k, v in cv.stats().items() if isinstance(v, (int, float))}
+    for r in rec.values():
+        r["cpu_median"] = statistics.median(r["cpu"])
+        r["us_per_cell_step"] = r["cpu_median"] / cells * 1e6
+        r["cells_per_s"] = cells / r["cpu_median"]
+    out["L2"] = {"cells": cells, "species": n, "build_s": build, "routes": rec,
+                 "speedup_cells_per_s": rec["cvode"]["cpu_median"] / rec["leaf"]["cpu_median"]}
+    return out
+
+
+def bench_adjoint(cells, reps, out):
+    from esmjac.adapters.native import rosenbrock
+    leaf = rosenbrock(_tropo(cells), rtol=RTOL, threads=1)
+    u, fj = _hetero_state(leaf, cells, 3)
+    w = 1.0 / np.abs(u).clip(1.0)
+    leaf.gradient(u, 0.0, DT, w, forcing=fj)          # warm (builds the parameter program)
+    fw, ad, loads = [], [], []
+    for _ in range(reps):
+        v = u.copy()
+        loads.append(_load())
+        c, _ = _cpu(lambda: leaf.advance(v, 0.0, DT, forcing=fj))
+        fw.append(c)
+        c, (y, g, gp, st) = _cpu(lambda: leaf.gradient(u, 0.0, DT, w, forcing=fj))
+        ad.append(c)
+        c2, _ = _cpu(lambda: leaf.gradient(u, 0.0, DT, w, forcing=fj, wrt="state"))
+        ad[-1] = (ad[-1], c2)
+    f = statistics.median(fw)
+    a = statistics.median(x[0] for x in ad)
+    a_s = statistics.median(x[1] for x in ad)
+    out["L3"] = {"cells": cells, "forward_cpu": f, "gradient_cpu": a, "gradient_state_only_cpu": a_s,
+                 "ratio": a / f, "ratio_state_only": a_s / f, "load": loads}
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", type=int, default=10000)
+    ap.add_argument("--sample", type=int, default=20)
+    ap.add_argument("--cells-300", type=int, default=50)
+    ap.add_argument("--cells-adjoint", type=int, default=1000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", default="L1,L2,L3")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    out = {"load_start": _load(), "cpus": os.cpu_count()}
+    only = set(a.only.split(","))
+    if "L1" in only:
+        bench_hetero(a.cells, a.sample, a.reps, out)
+        print(json.dumps(out["L1"]["summary"]), file=sys.stderr)
+    if "L3" in only:
+        bench_adjoint(a.cells_adjoint, a.reps, out)
+        print(json.dumps(out["L3"]), file=sys.stderr)
+    if "L2" in only:
+        bench_300(a.cells_300, a.reps, out)
+        print(json.dumps({k: v for k, v in out["L2"].items() if k != "routes"}), file=sys.stderr)
+    out["load_end"] = _load()
+    txt = json.dumps(out, indent=1, default=float)
+    if a.out:
+        with open(a.out, "w") as fh:
+            fh.write(txt)
+    print(txt)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""Bound calls: the per-call path decided once (``prog.bind(...)``).
+
+``run = jac.bind(plan, ws)`` checks the plan, the workspace, the lane count,
+the sizes and the dtype once, resolves every compiled function the calls
+need (the plan's direct-write kernel, serial twins when the call is small,
+the non-finite scan) and makes one warm call on scratch arrays, so the
+first real call is already compiled. Each ``run(u, p, t, forcing, out)``
+then costs only attribute checks of its arguments (type, shape, dtype,
+contiguity: bad input is still refused before compiled code runs), with no
+environment reads, imports, thread-count queries or allocations.
+
+``run = rhs.bind(lanes)`` does the same for a right-hand side.
+
+Why serial twins: below ``SERIAL_BELOW`` state elements the fork/join of a
+parallel region costs more than the work, and switching the thread count
+per call (``numba.set_num_threads``) costs more still; a serial twin runs
+the same per-lane arithmetic, so its bits equal the parallel kernel's.
+"""
+from __future__ import annotations
+
+import inspect
+import textwrap
+from typing import Callable
+
+import numpy as np
+
+from ..compile.cache import load_source
+from ..compile.tape import run_tape
+from ..errors import JacError
+from . import checks
+from . import kernels as K
+from .workspace import lane_cells
+
+__all__ = ["BoundJacobian", "BoundRhs", "SERIAL_BELOW"]
+
+#: Below this many state elements a bound call runs serial twins (measured:
+#: 64 cells of a 15-species mechanism, 2-8 ms per call on 2 threads with
+#: parallel kernels vs 7-30 µs serial).
+SERIAL_BELOW = 20000
+
+_TWINS: dict = {}
+
+
+def serial_twin(fn):
+    """The serial twin of a fixed ``parallel=True`` kernel: the same source
+    with ``prange`` as ``range``, compiled without a parallel region (so the
+    two never drift and give the same bits). Generated once into the
+    kernel cache by content hash, like the model kernels."""
+    tw = _TWINS.get(fn)
+    if tw is None:
+
+        py = fn.py_func
+        lines = textwrap.dedent(inspect.getsource(py)).splitlines()
+        body = "\n".join(x for x in lines if not x.startswith("@")).replace("nb.prange(", "range(")
+        src = ("# esmjac: serial twin of {mod}.{name} (generated; do not edit)\n"
+               "import importlib as _il\n"
+               "import numba as nb\n"
+               "_m = _il.import_module({mod!r})\n"
+               "globals().update({{k: v for k, v in vars(_m).items() if not k.startswith('__')}})\n"
+               "\n\n@nb.njit(cache=True, nogil=True, error_model='numpy')\n{body}\n"
+               ).format(mod=py.__module__, name=py.__name__, body=body)
+        tw = _TWINS[fn] = getattr(load_source(src), py.__name__)
+    return tw
+
+
+_DRIVERS: dict = {}
+
+
+def serial_driver(mod, calls: tuple):
+    """One compiled entry for a small call: ``drive(u, f, p, t, h, cix,
+    out, L) -> number of non-finite outputs`` runs the prologue, the serial
+    chunks ``calls`` (``(name, "cell" | "global")``) of the generated module
+    ``mod`` and the non-finite scan in one native call: each Numba dispatch
+    from Python costs about a microsecond, as much as a one-cell kernel.
+    Generated next to the kernels by content hash (the module name is that
+    hash), so it never outlives the kernels it calls."""
+    key = (mod.__name__, calls)
+    d = _DRIVERS.get(key)
+    if d is None:
+        lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
+                 "import sys as _sys", "import numba as nb", "import numpy as np",
+                 f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
+        body = ["    prologue(p, t, h)"]
+        for i, (name, kind) in enumerate(calls):
+            lines.append(f"c{i} = _k.{name}")
+            body.append(f"    c{i}(u, f, h, cix, out, L)" if kind == "cell" else f"    c{i}(u, f, h, out)")
+        src = "\n".join(lines + ["", "", "@nb.njit(cache=True, nogil=True, error_model='numpy')",
+                                 "def drive(u, f, p, t, h, cix, out, L):", *body,
+                                 "    n = 0", "    for i in range(out.shape[0]):",
+                                 "        if not np.isfinite(out[i]):", "            n += 1",
+                                 "    return n", ""])
+        d = _DRIVERS[key] = load_source(src).drive
+    return d
+
+
+def _refuse(name: str, x, n: int, dtype) -> None:
+    """The typed error for an argument that failed the cheap checks."""
+    checks.vector(name, x, n, dtype, out=name == "out")
+    raise JacError("bad_argument", f"`{name}` does not fit this binding")   # pragma: no cover
+
+
+class _Bound:
+    """Shared argument checks of bound calls (see module docstring)."""
+
+    __slots__ = ("prog", "lanes", "dtype", "n_u", "n_out", "n_p", "n_f", "serial",
+                 "_pv", "_p_src", "_f_none", "_body", "_scan", "_seen", "_ush", "_osh", "_ust", "_fsh")
+
+    def _setup(self, prog, lanes: int, dtype, n_out: int) -> None:
+        self.prog = prog
+        self.lanes = int(lanes)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+            raise JacError("bad_argument", f"dtype {self.dtype}: use float64 or float32")
+        self.n_u = prog.u_size(self.lanes)
+        self.n_out = int(n_out)
+        self.n_p = len(prog.layout.params)
+        self.n_f = prog.f_size(self.lanes)
+        self.serial = self.n_u < SERIAL_BELOW
+        self._pv = None
+        self._p_src = None
+        self._seen = ()
+        self._ush, self._osh, self._fsh = (self.n_u,), (self.n_out,), (self.n_f,)
+        self._ust = (self.dtype.itemsize,)
+        if self.n_f == 0:
+            self._f_none = np.zeros(1, dtype=self.dtype)
+        else:
+            f0 = prog._forcing_default(self.lanes)
+            self._f_none = None if f0 is None else np.ascontiguousarray(f0, dtype=self.dtype)
+        self._scan = serial_twin(K.count_nonfinite) if self.serial else K.count_nonfinite
+
+    def _args(self, u, p, t, forcing, out) -> tuple:
+        """``(p, t, forcing)`` ready for the kernels, or a typed error.
+
+        The common case costs attribute reads and identity comparisons:
+        plain ndarrays of the bound shape and dtype (``dtype is`` the bound
+        one: NumPy's native float dtypes are singletons; anything else takes
+        the full check), the parameter array of the previous call, a float
+        ``t``, the arrays of the previous call (aliasing already checked)."""
+        dt = self.dtype
+        sn = self._seen
+        if sn and sn[0] is out and sn[1] is u:
+            # the arrays of the last call: their kind, contiguity and
+            # aliasing were checked then; shape and dtype are re-read
+            if u.shape != self._ush or out.shape != self._osh or u.dtype is not dt or out.dtype is not dt:
+                self._vec("u", u, self.n_u)
+                self._vec("out", out, self.n_out)
+        elif u.__class__ is not np.ndarray or out.__class__ is not np.ndarray or u.dtype is not dt \
+                or out.dtype is not dt or u.shape != self._ush or out.shape != self._osh \
+                or u.strides != self._ust or out.strides != self._ust:
+            self._vec("u", u, self.n_u)
+            self._vec("out", out, self.n_out)
+        if not out.flags.writeable:
+            raise JacError("bad_argument", "`out` is read-only; pass a writable array")
+        if t.__class__ is not float or not (t - t == 0.0 or t != t):
+            t = checks.time(t)
+        pv = p if (p is self._p_src and p is not None) else self._params(p)
+        if forcing is None:
+            f = self._f_none
+            if f is None:
+                raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
+        elif sn and forcing is sn[3] and forcing.shape == self._fsh and forcing.dtype is dt:
+            f = forcing
+        else:
+            f = self._force(forcing)
+        if not (sn and sn[0] is out and sn[1] is u and sn[2] is pv and sn[3] is f):
+            self._disjoint(out, (u, pv, f, self._h, self._cix))
+        return pv, t, f
+
+    def _vec(self, name: str, x, n: int) -> None:
+        if x.__class__ is not np.ndarray or x.shape != (n,) or x.dtype != self.dtype \
+                or not x.flags.c_contiguous:
+            _refuse(name, x, n, self.dtype)
+
+    def _params(self, p) -> np.ndarray:
+        if p is self._p_src and p is not None:
+            return p                    # the same float64 array, checked before: read in place
+        pv = checks.params(p, self.n_p)
+        if p.__class__ is np.ndarray and p.dtype == np.float64 and p.flags.c_contiguous:
+            self._p_src = p             # arrays only (a list may change under the same identity)
+            return p
+        return pv
+
+    def _disjoint(self, out, ins: tuple) -> None:
+        """Aliasing refused (checks.disjoint), re-checked only when an array
+        differs from the last call's (the same arrays cannot start to overlap)."""
+        key = (out,) + ins
+        seen = self._seen
+        if len(seen) == len(key) and all(a is b for a, b in zip(seen, key)):
+            return
+        names = ("u", "p", "forcing", "workspace h", "workspace lane map")
+        checks.disjoint({"out": out}, {n: x for n, x in zip(names, ins)})
+        self._seen = key
+
+    def _force(self, forcing):
+        if forcing is None:
+            f = self._f_none
+            if f is None:
+                raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
+            return f
+        if self.n_f == 0:
+            raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
+        self._vec("forcing", forcing, self.n_f)
+        return forcing
+
+
+class BoundJacobian(_Bound):
+    """``run(u, p, t, forcing, out)``: ``eval_into`` with everything but the
+    numbers decided at binding time (``JacobianProgram.bind``)."""
+
+    __slots__ = ("plan", "ws", "direct", "keep_point", "_slab", "_h", "_cix", "_pt", "_last_dtype", "_fp")
+
+    def __init__(self, prog, plan, ws, dtype=np.float64, warm: bool = True, keep_point: bool = False):
+        prog._check_plan(plan)
+        prog._check_ws(ws)
+        plan.check_lanes(ws.lanes)
+        self._setup(prog, ws.lanes, dtype, plan.out_size(ws.lanes))
+        self.plan, self.ws = plan, ws
+        L = ws.lanes
+        self.direct = (not ws.keep_slab) and plan.kind == "lane" and prog.kernel.engine == "codegen"
+        self._h = ws.h
+        self._cix = ws.cix
+        self._slab = None if self.direct else ws.slab(self.dtype, prog.slab_size(L))
+        # contract() reads the point of the last call: a copy (preallocated)
+        self.keep_point = bool(keep_point)
+        self._pt = (np.empty(self.n_u, dtype=self.dtype), np.empty(self.n_p),
+                    np.empty(self.n_f if self.n_f else 1, dtype=self.dtype)) if keep_point else None
+        self._last_dtype = None if self.direct else self.dtype
+        self._fp = plan.fingerprint
+        self._body = self._make_body()
+        if warm:
+            self._warm()
+
+    def _make_body(self) -> Callable:
+        prog, plan, L, serial = self.prog, self.plan, self.lanes, self.serial
+        kern = prog.kernel
+        if self.direct:
+            fk = prog._fused_kernel(plan)
+            mod = fk.module()
+            if self._h.shape[0] < fk.n_hoist:
+                self._h = np.zeros(fk.n_hoist)
+            pro = mod.prologue
+            fns = tuple(getattr(mod, ("sfl" if serial else "fl") + n) for n in fk.chunks)
+            h, cix = self._h, self._cix
+            if serial:
+                drive = serial_driver(mod, tuple(("sfl" + n, "cell") for n in fk.chunks))
+
+                def body(u, p, t, f, out):
+                    return drive(u, f, p, t, h, cix, out, L)
+                return body
+
+            def body(u, p, t, f, out):
+                pro(p, t, h)
+                for fn in fns:
+                    fn(u, f, h, cix, out, L)
+            return body
+        B = self._slab
+        run = _rhs_like_runner(kern, serial, L, self._h, self._cix)
+        a = plan.arrays
+        if plan.kind == "lane":
+            gather = serial_twin(K.lane_gather) if serial else K.lane_gather
+            ga = (a["ptr"], a["src"], a["a"], a["b"], a["stride"])
+
+            def body(u, p, t, f, out):
+                run(u, p, t, f, B)
+                gather(B, L, *ga, out)
+            return body
+        if plan.kind == "point" and set(a) >= {"ptr", "src", "pos"}:
+            pg = serial_twin(K.point_gather) if serial else K.point_gather
+            pa = (a["ptr"], a["src"], a["pos"])
+            zero = bool(plan.info.get("zero_first"))
+
+            def body(u, p, t, f, out):
+                run(u, p, t, f, B)
+                if zero:
+                    out[:] = 0
+                pg(B, *pa, out)
+            return body
+
+        def body(u, p, t, f, out):
+            run(u, p, t, f, B)
+            K.scatter(plan, B, L, out)
+        return body
+
+    def _warm(self) -> None:
+        """Compile every specialization the calls use, on one-lane scratch
+        (Numba specializes on types, not sizes)."""
+        prog = self.prog
+        if prog.kind != "cell" or self.plan.kind != "lane":
+            return self._warm_full()
+        saved = (self.lanes, self._body, self._h, self._cix, self._slab, self.n_u)
+        try:
+            tmp = _OneLane(self)
+            tmp.run_once()
+        finally:
+            self.lanes, self._body, self._h, self._cix, self._slab, self.n_u = saved
+
+    def _warm_full(self) -> None:
+        u = np.ones(self.n_u, dtype=self.dtype)
+        f = self._f_none if self._f_none is not None else np.ones(max(self.n_f, 1), dtype=self.dtype)
+        out = np.zeros(self.n_out, dtype=self.dtype)
+        h = self._h.copy()
+        self._body(u, np.ones(self.n_p), 0.0, f, out)
+        self._h[:] = h
+        self._scan(out)
+
+    def __call__(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray) -> np.ndarray:
+        pv, t, f = self._args(u, p, t, forcing, out)
+        bad = self._body(u, pv, t, f, out)     # a serial driver counts non-finite values itself
+        ws = self.ws
+        ws.last_dtype = self._last_dtype
+        ws.last_plan = self._fp
+        ws.point = None
+        if self.keep_point:
+            pu, pp, pf = self._pt
+            np.copyto(pu, u)
+            np.copyto(pp, pv)
+            np.copyto(pf, f)
+            ws.point = (pu, pp, t, pf)
+        if bad is None:
+            bad = self._scan(out)
+        if bad:
+            checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
+        return out
+
+
+class _OneLane:
+    """A one-lane twin of a binding, for the warm call (same kernels and
+    dtype, tiny arrays)."""
+
+    def __init__(self, b: BoundJacobian):
+        prog, plan = b.prog, b.plan
+        self.b = b
+        self.u = np.ones(prog.u_size(1), dtype=b.dtype)
+        self.f = np.ones(max(prog.f_size(1), 1), dtype=b.dtype)
+        self.out = np.zeros(plan.out_size(1), dtype=b.dtype)
+        b.lanes = 1
+        b._h = b._h.copy()
+        b._cix = lane_cells(prog.layout.cell_shape, 1)
+        b._slab = None if b.direct else np.zeros(max(prog.slab_size(1), 1), dtype=b.dtype)
+        b._body = b._make_body()
+
+    def run_once(self) -> None:
+        b = self.b
+        b._body(self.u, np.ones(b.n_p), 0.0, self.f, self.out)
+        b._scan(self.out)
+
+
+def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
+    """``run(u, p, t, f, out)`` of a program kernel (codegen or tape) into
+    its own output (the RHS, or a Jacobian's band slab)."""
+    if kern.engine == "tape":
+        tape = serial_twin(run_tape) if serial else run_tape
+        pro, body = kern.tapes
+
+        none = np.zeros(0, np.int64)          # lanes-fastest stores: no tiles, no zero slots
+        none.setflags(write=False)
+
+        def run(u, p, t, f, out):
+            tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, none)
+            tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, none)
+        return run
+    mod = kern.module()
+    pro = mod.prologue
+    pre = "s" if serial else ""
+    if serial:
+        drive = serial_driver(mod, tuple(("s" + n, "cell" if k == "cell" else "global")
+                                         for n, k in zip(kern.chunks, kern.chunk_kinds)))
+
+        def run(u, p, t, f, out):
+            return drive(u, f, p, t, h, cix, out, L)
+        return run
+    cell = tuple(getattr(mod, pre + n) for n, k in zip(kern.chunks, kern.chunk_kinds) if k == "cell")
+    glob = tuple(getattr(mod, pre + n) for n, k in zip(kern.chunks, kern.chunk_kinds) if k != "cell")
+    if cell and glob:
+        calls = tuple((getattr(mod, pre + n), k == "cell") for n, k in zip(kern.chunks, kern.chunk_kinds))
+
+        def run(u, p, t, f, out):
+            pro(p, t, h)
+            for fn, is_cell in calls:
+                if is_cell:
+                    fn(u, f, h, cix, out, L)
+                else:
+                    fn(u, f, h, out)
+        return run
+    if cell:
+        def run(u, p, t, f, out):
+            pro(p, t, h)
+            for fn in cell:
+                fn(u, f, h, cix, out, L)
+        return run
+
+    def run(u, p, t, f, out):
+        pro(p, t, h)
+        for fn in glob:
+            fn(u, f, h, out)
+    return run
+
+
+class BoundRhs(_Bound):
+    """``run(u, p, t, forcing, out)``: the right-hand side with everything
+    but the numbers decided at binding time (``RhsProgram.bind``)."""
+
+    __slots__ = ("zero_first", "_h", "_cix")
+
+    def __init__(self, prog, lanes: int | None = None, dtype=None, scratch=None, warm: bool = True):
+        if scratch is not None:
+            lanes = scratch.lanes
+        lanes = lanes or (prog.cells if prog.kind == "cell" else 1)
+        if prog.kind == "global" and lanes != 1:
+            raise JacError("bad_argument", "a global-lane program has exactly one lane")
+        if int(lanes) < 1:
+            raise JacError("bad_argument", "lanes must be >= 1")
+        self._setup(prog, lanes, prog.dtype if dtype is None else dtype, prog.u_size(int(lanes)))
+        if scratch is not None:
+            checks.workspace(scratch, prog.owner, "scratch", prog.kernel.n_hoist,
+                             prog.layout.cell_shape if prog.kind == "cell" else None)
+        sc = scratch if scratch is not None else prog.new_buffers(self.lanes)
+        self._h, self._cix = sc.h, sc.cix
+        self.zero_first = prog.kind == "global"
+        self._body = _rhs_like_runner(prog.kernel, self.serial, self.lanes, self._h, self._cix)
+        if warm:
+            u = np.ones(self.n_u, dtype=self.dtype)
+            f = self._f_none if self._f_none is not None else np.ones(max(self.n_f, 1), dtype=self.dtype)
+            out = np.zeros(self.n_u, dtype=self.dtype)
+            if prog.kind == "cell" and self.lanes > 1:
+                one = _rhs_like_runner(prog.kernel, self.serial, 1, self._h.copy(),
+                                       lane_cells(prog.layout.cell_shape, 1))
+                one(u[:prog.u_size(1)].copy(), np.ones(self.n_p), 0.0,
+                    f[:max(prog.f_size(1), 1)].copy(), out[:prog.u_size(1)].copy())
+            else:
+                h = self._h.copy()
+                self._body(u, np.ones(self.n_p), 0.0, f, out)
+                self._h[:] = h
+
+    def __call__(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray) -> np.ndarray:
+        pv, t, f = self._args(u, p, t, forcing, out)
+        if self.zero_first:
+            out[:] = 0
+        bad = self._body(u, pv, t, f, out)
+        if bad is None:
+            bad = self._scan(out)
+        if bad:
+            checks.report_nonfinite(out, (u, pv, f), t, "right-hand side")
+        return out
