@@ -169,15 +169,22 @@ class _Base:
         return _check_vec("forcing", forcing, n, dtype)
 
 
+def build_key(kind: str, source, model, wrt, opts: dict) -> tuple | None:
+    """``(content key, dependency list)`` under which a build of ``source``
+    with ``opts`` (checked :data:`PROGRAM_OPTIONS`) is stored, or None when
+    the source cannot be keyed (compile/cache.py ``document_key``). Every
+    option that changes the product is in the key; ``cache`` and
+    ``progress`` do not change it."""
+    return document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
+                        str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]),
+                        str(tuple(opts["per_lane"])))
+
+
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     """Whole-build cache (compile/cache.py): verified JSON + npz products
     for keyable sources; kernels, index arrays and fingerprints are rebuilt
     from the decoded document (:func:`_revive`), never read from disk."""
-    keyed = None
-    if opts["cache"]:
-        keyed = document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
-                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]),
-                             str(tuple(opts["per_lane"])))
+    keyed = build_key(kind, source, model, wrt, opts) if opts["cache"] else None
     if keyed is not None:
         obj = load_product(keyed[0], _product_types())
         if obj is not None:
