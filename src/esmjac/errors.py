@@ -18,13 +18,15 @@ site only names the code. ``str(exc)`` is the message; the code is
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, Iterator
 
 __all__ = ["JacError", "CODES", "typed_errors", "error_class", "LoadError", "ModelNotFound",
            "AmbiguousModel", "Underivable", "Unsupported", "InlineError", "EmptyBands", "BadOption",
            "BadArgument", "UnresolvableColumn", "ForeignLayout", "NonuniformPattern", "EvaluationError",
-           "InvalidDocument", "CacheError", "InternalError", "AdapterUnavailable"]
+           "InvalidDocument", "CacheError", "InternalError", "AdapterUnavailable", "in_equation"]
 
 #: Stable error codes and what each means.
 CODES: dict[str, str] = {
@@ -171,14 +173,41 @@ class InvalidDocument(JacError, ValueError):
 class InternalError(JacError, RuntimeError):
     code = "internal_error"
 
+#: Codes whose refusals concern one equation's right-hand side.
+_EQUATION_CODES = frozenset({"underivable_operator", "unsupported_construct", "inline_error",
+                             "evaluation_error"})
+
+
+@contextlib.contextmanager
+def in_equation(state: str) -> Iterator[None]:
+    """Name the equation in a refusal raised while its right-hand side is
+    processed: ``in the equation for D(O3): <message>`` (once; a message
+    that already names the state is left as it is). The class and code are
+    unchanged, so callers matching on either are unaffected."""
+    try:
+        yield
+    except JacError as exc:
+        if exc.code not in _EQUATION_CODES or f"`{state}`" in exc.message \
+                or exc.message.startswith("in the equation for "):
+            raise
+        raise JacError(exc.code, f"in the equation for D({state}): {exc.message}") \
+            .with_traceback(exc.__traceback__) from exc.__cause__
+
+
 def typed_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a public entry point (build, assemble, check) so that every
     exception leaving it is a :class:`JacError`: refusals pass through, an
     exhausted resource or anything unexpected becomes ``internal_error``
     naming what failed (the original stays attached as ``__cause__``)."""
 
+    sig = inspect.signature(fn)
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:          # a misuse of the call itself, not a bug inside
+            raise JacError("bad_argument", f"{fn.__qualname__}{sig}: {exc}") from None
         try:
             return fn(*args, **kwargs)
         except JacError:

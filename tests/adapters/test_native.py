@@ -200,6 +200,52 @@ def test_callable_forcing_at_stage_times(leaf):
     assert np.max(np.abs(v - yr)[big] / np.abs(yr[big])) < 1e-3
 
 
+def _with_explicit_t(doc):
+    """tropo12 with a diurnal O3 source that names t: + 1e8·(1 + sin(t/300))."""
+    import copy
+    d = copy.deepcopy(doc)
+    m = next(iter(d["models"].values()))
+    eq = next(e for e in m["equations"] if e["lhs"]["args"] == ["O3"])
+    eq["rhs"]["expr"]["args"].append(
+        {"op": "*", "args": [1e8, {"op": "+", "args": [1, {"op": "sin", "args": [{"op": "/", "args": ["t", 300]}]}]}]})
+    return d
+
+
+def test_explicit_t_in_the_rhs_is_each_lanes_own_time():
+    # Oracle: the t-program of the unmodified document (scalar t) under tight
+    # Radau, per lane from its own start; the leaf sets t per lane and stage.
+    from esmjac.runtime.programs import RhsProgram
+    L = 2
+    doc = _with_explicit_t(lift(json.loads(TROPO12.read_text()), L))
+    lf = rosenbrock(doc, rtol=1e-6, threads=1)
+    assert lf.time_field and lf.forcing_names == ("fj",)
+    u, fj = _grid(lf, L, 5)
+    t0 = 5000.0
+    v = u.copy()
+    st = lf.advance(v, t0, DT, forcing=fj)
+    assert st.success, st.message
+    rhs = RhsProgram.build(doc)
+    sc = rhs.new_buffers(L)
+
+    def f(t, y):
+        return rhs.eval_into(np.ascontiguousarray(y), rhs.p0, t, fj, np.empty_like(y), sc)
+
+    ref = solve_ivp(f, (t0, t0 + DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(lf.atol, L))
+    yr = ref.y[:, -1]
+    big = np.abs(yr) > 1e3 * np.repeat(lf.atol, L)
+    assert np.max(np.abs(v - yr)[big] / np.abs(yr[big])) < 1e-3
+    # t matters here (another start time gives another answer) and a lane alone is bitwise the same
+    w = u.copy()
+    lf.advance(w, 0.0, DT, forcing=fj)
+    assert not np.allclose(w, v, rtol=1e-3)
+    one = np.ascontiguousarray(_cols(u, L)[:, 1])
+    lf.advance(one, t0, DT, forcing=fj[1:])
+    assert np.array_equal(one, _cols(v, L)[:, 1])
+    with pytest.raises(JacError) as e:
+        lf.gradient(u, t0, DT, np.ones_like(u), forcing=fj)
+    assert e.value.code == "bad_option"
+
+
 def test_dicts_defaults_and_refusals(doc8, leaf):
     lf = rosenbrock(doc8, p={"T": 290.0}, threads=1)
     assert lf.p[lf.param_names.index("T")] == 290.0
@@ -254,9 +300,9 @@ def sens_case(doc8):
     fz, cix = rec.pop()
     sens = lf._sensitivities(True)
 
-    def phi(u0, p=None):
+    def phi(u0, p=None, fzv=None):
         a = u0.copy()
-        sens.replay(rec, a, fz, cix, 2, p)
+        sens.replay(rec, a, fz if fzv is None else fzv, cix, 2, p)
         return float(w @ a)
 
     return lf, u, fj, w, phi, y
@@ -289,6 +335,12 @@ def test_adjoint_gradient_matches_finite_differences(sens_case):
         assert abs(gp[name] - fd) <= 1e-6 * abs(fd), (name, gp[name], fd)
     # the per-cell photolysis scaling: a gradient per lane (forcing in the leaf)
     assert gp["fj"].shape == (2,) and np.all(np.isfinite(gp["fj"]))
+    for lane in range(2):
+        fp, fm = fj.copy(), fj.copy()
+        fp[lane] += 1e-5 * fj[lane]
+        fm[lane] -= 1e-5 * fj[lane]
+        fd = (phi(u, fzv=fp) - phi(u, fzv=fm)) / (2e-5 * fj[lane])
+        assert abs(gp["fj"][lane] - fd) <= 1e-6 * abs(fd), (lane, gp["fj"][lane], fd)
 
 
 def test_tangent_linear_agrees_with_adjoint_and_fd(sens_case):

@@ -28,7 +28,7 @@ def test_the_sample_holds_our_documents_and_the_shipped_model():
 
 
 #: Documents of the sample that are typed refusals, with the reason's start.
-REFUSED = {"bare_broadcast.esm": "[unsupported_construct] a rank-1 aggregate is broadcast"}
+REFUSED = {"bare_broadcast.esm": "[unsupported_construct] in the equation for D(p): a rank-1 aggregate is broadcast"}
 
 
 @pytest.mark.parametrize("family,path", SAMPLE, ids=[pathlib.Path(p).stem for _, p in SAMPLE])

@@ -145,6 +145,30 @@ def _one_thread_pool_init() -> None:
     numba.set_num_threads(1)
 
 
+def _bind_kernel(prog, kern, p: np.ndarray, t: float):
+    """``f(u, fz, cix, m, out)``: ``kern`` of ``prog`` on the first ``m``
+    lanes with parameters ``p`` and time ``t`` fixed, one-thread kernels;
+    the parameter-only values (the prologue) are hoisted once here, not per
+    call. ``out`` is the kernel's natural output (f values, or band slabs)."""
+    h = np.zeros(max(kern.n_hoist, 1))
+    if kern.engine == "codegen":
+        mod = kern.module()
+        mod.prologue(p, float(t), h)
+        fns = [(getattr(mod, "s" + name), kind == "cell") for name, kind in zip(kern.chunks, kern.chunk_kinds)]
+
+        def f(u, fz, cix, m, out):
+            for fn, cell in fns:
+                if cell:
+                    fn(u, fz, h, cix, out, m)
+                else:
+                    fn(u, fz, h, out)
+        return f
+
+    def f(u, fz, cix, m, out):
+        prog._run(kern, u, p, t, fz, out, h, cix, m)
+    return f
+
+
 class _Bound:
     """The programs bound to fixed parameters and time for one worker thread:
     ``rhs(u, fz, cix, m, out)`` and ``jac(u, fz, cix, m, out)`` on the first
@@ -153,25 +177,7 @@ class _Bound:
 
     def __init__(self, leaf: "RosenbrockLeaf", p: np.ndarray, t: float, capacity: int):
         rhs, jac, plan = leaf.rhs_program, leaf.jac_program, leaf.plan
-        rk = rhs.kernel
-        if rk.engine == "codegen":
-            mod = rk.module()
-            hr = np.zeros(max(rk.n_hoist, 1))
-            mod.prologue(p, float(t), hr)
-            fns = [(getattr(mod, "s" + name), kind == "cell") for name, kind in zip(rk.chunks, rk.chunk_kinds)]
-
-            def f(u, fz, cix, m, out):
-                for fn, cell in fns:
-                    if cell:
-                        fn(u, fz, hr, cix, out, m)
-                    else:
-                        fn(u, fz, hr, out)
-        else:
-            hr = np.zeros(max(rk.n_hoist, 1))
-
-            def f(u, fz, cix, m, out):
-                rhs._run(rk, u, p, t, fz, out, hr, cix, m)
-        self.rhs = f
+        self.rhs = _bind_kernel(rhs, rhs.kernel, p, t)
 
         if jac.kernel.engine == "codegen":
             fk = jac._fused_kernel(plan)
@@ -205,13 +211,18 @@ class RosenbrockLeaf:
     """
 
     def __init__(self, rhs, jac, plan, p, forcing, *, method, rtol, atol, step, threads,
-                 compact, clip_negative, max_steps, max_rejects, h0):
+                 compact, clip_negative, max_steps, max_rejects, h0, time_field=None):
         from ..integrators.rosenbrock import METHODS, _perm_arrays
         from ..linalg.sparse_lu import SparseLaneLU
         self.rhs_program, self.jac_program, self.plan = rhs, jac, plan
         self.n_species = rhs.n_species
         self.species = tuple(rhs.layout.states)
-        self.forcing_names = tuple(rhs.forcing_names)
+        # A model whose right-hand side uses t explicitly is built with t as a
+        # per-lane field (``time_field``): the leaf sets it to each lane's own
+        # stage time; it is not one of the user's forcing fields.
+        self._program_forcing = tuple(rhs.forcing_names)
+        self.time_field = time_field
+        self.forcing_names = tuple(k for k in self._program_forcing if k != time_field)
         self.param_names = tuple(rhs.param_names)
         if method not in METHODS:
             raise JacError("bad_option", f"unknown method {method!r}; choose from {sorted(METHODS)}")
@@ -355,7 +366,10 @@ class RosenbrockLeaf:
                 raise JacError("bad_argument",
                                f"forcing= is required: {', '.join(self.forcing_names)} per lane "
                                f"({L} lanes; the document's defaults are for {self.rhs_program.cells})")
-            buf[:] = np.asarray(f0, dtype=np.float64).reshape(-1)
+            f0 = np.asarray(f0, dtype=np.float64).reshape(len(self._program_forcing), -1)
+            if self.time_field is not None:
+                f0 = f0[[i for i, k in enumerate(self._program_forcing) if k != self.time_field]]
+            buf[:] = f0.reshape(-1)
             return buf, None
         if isinstance(forcing, Mapping):
             for k in forcing:
@@ -380,6 +394,26 @@ class RosenbrockLeaf:
         buf[:] = a.reshape(-1)
         return buf, None
 
+    def _with_time(self, fz, fcall, L: int):
+        """The forcing callable the stepper sees for an explicit-t model: the
+        user's fields (constant rows or their callable) with the time field's
+        row set to each lane's stage time."""
+        names = self._program_forcing
+        tpos = names.index(self.time_field)
+        user = [i for i, k in enumerate(names) if k != self.time_field]
+        nu = len(user)
+        rows = None if fz is None or nu == 0 else fz[:nu * L].reshape(nu, L)
+
+        def call(times, lanes):
+            out = np.empty((len(names), times.size))
+            if fcall is not None:
+                out[user] = np.asarray(fcall(times, lanes), dtype=np.float64).reshape(nu, times.size)
+            elif rows is not None:
+                out[user] = rows[:, lanes]
+            out[tpos] = times
+            return out
+        return call
+
     # -- scratch --------------------------------------------------------------
     def _scratch_for(self, L: int, nthreads: int):
         key = (L, nthreads)
@@ -399,12 +433,12 @@ class RosenbrockLeaf:
         for _, c in blocks:
             b = _Bound(self, self.p, 0.0, c)
             steppers.append(LaneStepper(self._tab, self._lu, self._perm, self._iperm,
-                                        len(self.forcing_names), ncd, c, self.tile, b.rhs, b.jac,
+                                        len(self._program_forcing), ncd, c, self.tile, b.rhs, b.jac,
                                         self.step == "shared", self.compact))
         i64 = np.int64
         stats = LeafStats(np.zeros(L, np.int8), np.zeros(L, i64), np.zeros(L, i64), np.zeros(L, i64),
                           np.zeros(L, i64), np.zeros(L, i64), np.zeros(L), np.zeros(L))
-        fbuf = np.zeros(max(len(self.forcing_names) * L, 1))
+        fbuf = np.zeros(max(len(self.forcing_names) * L, 1))     # the user's fields (not t)
         sc = (blocks, steppers, stats, cix, fbuf)
         if len(self._scratch) > 8:                  # a host model uses one or two lane counts
             self._scratch.pop(next(iter(self._scratch)))
@@ -469,6 +503,12 @@ class RosenbrockLeaf:
         with self._lock:
             blocks, steppers, stats, cix, fbuf = self._scratch_for(L, nth)
             fz, fcall = self._forcing_arg(forcing, L, fbuf)
+            if self.time_field is not None:
+                if records is not None:
+                    raise JacError("bad_option", "sensitivities are not available for a model whose "
+                                   "right-hand side uses t explicitly (its time enters as a per-stage "
+                                   "field; the recorded steps assume forcing constant over the step)")
+                fz, fcall = None, self._with_time(fz, fcall, L)
             stats._reset()
             tend = t0 + dt
             args = (u, out, L)
@@ -595,7 +635,7 @@ class RosenbrockLeaf:
                                method=self.method, rtol=self.rtol, atol=self.atol, step=self.step,
                                threads=self.threads, compact=self.compact,
                                clip_negative=self.clip_negative, max_steps=self.max_steps,
-                               max_rejects=self.max_rejects, h0=self.h0)
+                               max_rejects=self.max_rejects, h0=self.h0, time_field=self.time_field)
         other.source, other.model, other.options = self.source, self.model, self.options
         return other
 
@@ -744,13 +784,78 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         raise JacError("nonuniform_pattern",
                        "the native Rosenbrock leaf integrates per-cell chemistry (LaneSparseBlocks); this "
                        "model couples cells — use kind 'scipy.ivp' or 'sundials.cvode'")
+    time_field = None
     if any("t" in free_names(rhs.doc.expanded(f.expr)) for f in rhs.doc.fields):
-        raise JacError("bad_option",
-                       "this model's right-hand side uses t explicitly; the leaf steps lanes at different "
-                       "times, so pass time-dependent inputs as forcing fields (forcing=callable(t, lanes))")
+        # Lanes sit at different times: t becomes a per-lane field the leaf sets
+        # to each lane's stage time (a rewritten copy of the document).
+        source, time_field = _time_as_field(source, set(rhs.param_names) | set(rhs.forcing_names))
+        opts = dict(options or {})
+        opts["per_lane"] = tuple(opts.get("per_lane", ())) + (time_field,)
+        options = opts
+        rhs = RhsProgram.build(source, model, options=options)
+        jac = JacobianProgram.build(source, model, wrt="states", options=options)
     plan = jac.plan(LaneSparseBlocks(tile=None), source=rhs)
     leaf = RosenbrockLeaf(rhs, jac, plan, p, forcing, method=method, rtol=rtol, atol=atol, step=step,
                           threads=threads, compact=compact, clip_negative=clip_negative,
-                          max_steps=max_steps, max_rejects=max_rejects, h0=h0)
+                          max_steps=max_steps, max_rejects=max_rejects, h0=h0, time_field=time_field)
     leaf.source, leaf.model, leaf.options = source, model, options
     return leaf
+
+
+def _time_as_field(source, taken: set) -> tuple:
+    """A copy of ``source`` (an esm dict, JSON text or a path) in which the
+    bare name ``t`` on equations' right-hand sides and in variables'
+    expressions is a new scalar parameter (returned with its name; the
+    caller makes it per lane). Other sources are refused."""
+    import copy
+    import json
+    from pathlib import Path
+    if isinstance(source, dict):
+        doc = copy.deepcopy(source)
+    elif isinstance(source, (str, Path)):
+        text = str(source)
+        try:
+            doc = json.loads(text if text.lstrip().startswith("{") else Path(text).read_text())
+        except (OSError, ValueError):
+            doc = None
+    else:
+        doc = None
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
+        raise JacError("bad_option",
+                       "this model's right-hand side uses t explicitly; the leaf sets t per lane by "
+                       "rewriting the document, which needs it as an esm dict, JSON text or a path — "
+                       "or pass the time-dependent inputs as forcing fields (forcing=callable(t, lanes))")
+    name, k = "t_lane", 0
+    names = set(taken) | {v for m in doc["models"].values() for v in m.get("variables", {})}
+    while name in names:
+        k += 1
+        name = f"t_lane{k}"
+
+    def sub(e):
+        if isinstance(e, str):
+            return name if e == "t" else e
+        if isinstance(e, list):
+            return [sub(x) for x in e]
+        if isinstance(e, dict):
+            out = dict(e)
+            if isinstance(out.get("args"), list):
+                a = out["args"]
+                out["args"] = [a[0]] + [sub(x) for x in a[1:]] if out.get("op") == "index" and a else \
+                    [sub(x) for x in a]
+            if "expr" in out:
+                out["expr"] = sub(out["expr"])
+            return out
+        return e
+
+    for m in doc["models"].values():
+        for eq in m.get("equations", []):
+            if "rhs" in eq:
+                eq["rhs"] = sub(eq["rhs"])
+        for v in m.get("variables", {}).values():
+            for key in ("expression", "expr"):
+                if key in v:
+                    v[key] = sub(v[key])
+        m.setdefault("variables", {})[name] = {
+            "type": "parameter", "default": 0.0, "units": "s",
+            "description": "the lane's own time (t), set by the Rosenbrock leaf at every stage"}
+    return doc, name

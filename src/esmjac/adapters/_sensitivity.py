@@ -35,19 +35,11 @@ import numba
 import numpy as np
 
 from ..errors import JacError
+from ..linalg.sparse_lu import solve_transpose_lanes
 
 __all__ = ["Sensitivities"]
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
-
-
-@numba.njit(**_JIT)
-def _hess_adj(D, L, row, site, pcol, lam, v, out):
-    """out[site] += lam[row]·v[pcol]·D (= contract: ∇(λᵀ J v))."""
-    for q in range(row.shape[0]):
-        r, w, c = row[q], site[q], pcol[q]
-        for l in range(L):
-            out[w * L + l] += lam[r * L + l] * v[c * L + l] * D[q * L + l]
 
 
 @numba.njit(**_JIT)
@@ -60,22 +52,6 @@ def _hess_tlm(D, L, row, site, pcol, v, dy, out):
 
 
 @numba.njit(**_JIT)
-def _hessp_adj(D, L, row, site, pcol, plane, nl, lam, v, gp):
-    """gp[col] += lam[row]·v[site]·D for the parameter column of each field
-    (lane columns at c*L + l, scalar ones after them: summed over lanes)."""
-    for q in range(row.shape[0]):
-        r, w, c = row[q], site[q], pcol[q]
-        if plane[q]:
-            for l in range(L):
-                gp[c * L + l] += lam[r * L + l] * v[w * L + l] * D[q * L + l]
-        else:
-            acc = 0.0
-            for l in range(L):
-                acc += lam[r * L + l] * v[w * L + l] * D[q * L + l]
-            gp[nl * L + c] += acc
-
-
-@numba.njit(**_JIT)
 def _hessp_tlm(D, L, row, site, pcol, plane, nl, v, dp, out):
     """out[row] += D·v[site]·dp[col] (= ∂_p(J(y) v)·dp)."""
     for q in range(row.shape[0]):
@@ -83,6 +59,176 @@ def _hessp_tlm(D, L, row, site, pcol, plane, nl, v, dp, out):
         for l in range(L):
             d = dp[c * L + l] if plane[q] else dp[nl * L + c]
             out[r * L + l] += D[q * L + l] * v[w * L + l] * d
+
+
+
+# -- the adjoint's fused kernels (permuted order: that of the LU and of K) ----
+
+@numba.njit(**_JIT)
+def _gather_perm(src, L, lanes, perm, m, dst):
+    """dst[k*m + j] = src[perm[k]*L + lanes[j]] (natural, all lanes → permuted, compact)."""
+    for k in range(perm.shape[0]):
+        sk = src[perm[k] * L:(perm[k] + 1) * L]
+        dk = dst[k * m:(k + 1) * m]
+        for j in range(m):
+            dk[j] = sk[lanes[j]]
+
+
+@numba.njit(**_JIT)
+def _scatter_perm(src, L, lanes, perm, m, dst):
+    """dst[perm[k]*L + lanes[j]] = src[k*m + j] (the inverse of :func:`_gather_perm`)."""
+    for k in range(perm.shape[0]):
+        sk = src[k * m:(k + 1) * m]
+        dk = dst[perm[k] * L:(perm[k] + 1) * L]
+        for j in range(m):
+            dk[lanes[j]] = sk[j]
+
+
+@numba.njit(**_JIT)
+def _sum_points(U, ptslot, perm, m, out):
+    """out[p] (natural order) = Σ_{i at point p} U[i] (permuted), m lanes."""
+    n = perm.shape[0]
+    for p in range(out.shape[0]):
+        o = out[p]
+        for k in range(n * m):
+            o[k] = 0.0
+    for i in range(U.shape[0]):
+        o = out[ptslot[i]]
+        u = U[i]
+        for k in range(n):
+            uk = u[k * m:(k + 1) * m]
+            ok = o[perm[k] * m:(perm[k] + 1) * m]
+            for l in range(m):
+                ok[l] += uk[l]
+
+
+@numba.njit(**_JIT)
+def _jt_slots(J, m, pr, pc, u, g):
+    """g += Jᵀu on the LU's slots (untiled, m lanes; J, u, g all permuted):
+    g[c] += J[(r, c)]·u[r]. Fill-in slots hold 0."""
+    # unit-stride views indexed from 0 (no negative-index wraparound: LLVM vectorises)
+    for q in range(pr.shape[0]):
+        jq = J[q * m:(q + 1) * m]
+        uq = u[pr[q] * m:(pr[q] + 1) * m]
+        gq = g[pc[q] * m:(pc[q] + 1) * m]
+        for l in range(m):
+            gq[l] += jq[l] * uq[l]
+
+
+@numba.njit(**_JIT)
+def _adjoint_stages(lamP, lamN, acc, U, UND, JP, ptslot, direct, A, C, mv, hs, pr, pc, g, Wm, nnz,
+                    n, m, piv_slot, fwd_ptr, fwd_slot, fwd_col, bwd_ptr, bwd_slot, bwd_col):
+    """One recorded step's stages in reverse (all permuted, m lanes):
+    u_i = W⁻ᵀ(m_i λ + acc_i); λ⁻ += J(Y_i)ᵀ u_i; acc_j += a_ij J(Y_i)ᵀu_i + (c_ij/h) u_i.
+
+    A stage whose argument Y_i takes no a_ij K_j terms (rodas3's first two,
+    both at y) needs J(Y_i)ᵀu_i only in the sum λ⁻: those u_i are summed per
+    stage point (``UND``) and multiplied once. ``U[i]`` keeps every u_i for
+    the second-order and parameter terms."""
+    S = mv.shape[0]
+    N = n * m
+    ch = np.empty(m)
+    for i in range(S):
+        a = acc[i]
+        for k in range(N):
+            a[k] = 0.0
+    for p in range(UND.shape[0]):
+        a = UND[p]
+        for k in range(N):
+            a[k] = 0.0
+    for k in range(N):
+        lamN[k] = lamP[k]
+    for i in range(S - 1, -1, -1):
+        kap = U[i]
+        ai = acc[i]
+        mi = mv[i]
+        for k in range(N):
+            kap[k] = mi * lamP[k] + ai[k]
+        solve_transpose_lanes(Wm, kap, nnz, m, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                              bwd_ptr, bwd_slot, bwd_col)
+        ps = ptslot[i]
+        if direct[i]:
+            for k in range(N):
+                g[k] = 0.0
+            _jt_slots(JP[ps], m, pr, pc, kap, g)
+            for k in range(N):
+                lamN[k] += g[k]
+            for j in range(i):
+                aij = A[i, j]
+                if aij != 0.0:
+                    aj = acc[j]
+                    for k in range(N):
+                        aj[k] += aij * g[k]
+        else:
+            und = UND[ps]
+            for k in range(N):
+                und[k] += kap[k]
+        for j in range(i):
+            cij = C[i, j]
+            if cij != 0.0:
+                aj = acc[j]
+                for l in range(m):
+                    ch[l] = cij / hs[l]
+                for s in range(n):
+                    ajs = aj[s * m:(s + 1) * m]
+                    ks = kap[s * m:(s + 1) * m]
+                    for l in range(m):
+                        ajs[l] += ch[l] * ks[l]
+    for p in range(UND.shape[0]):
+        _jt_slots(JP[p], m, pr, pc, UND[p], lamN)
+
+
+@numba.njit(**_JIT)
+def _pair_products(U, K, pa, pb, m, P):
+    """P[e] = Σ_i U_i[pa_e]·K_i[pb_e] per lane: the stage sums the second-order
+    terms need, once per (row, column) pair however many fields share it."""
+    S = U.shape[0]
+    for e in range(pa.shape[0]):
+        p = P[e * m:(e + 1) * m]
+        for l in range(m):
+            p[l] = 0.0
+        for i in range(S):
+            u = U[i, pa[e] * m:(pa[e] + 1) * m]
+            k = K[i, pb[e] * m:(pb[e] + 1) * m]
+            for l in range(m):
+                p[l] += u[l] * k[l]
+
+
+@numba.njit(**_JIT)
+def _fields_into(D, m, pidx, tgt, P, out):
+    """out[tgt_q] += P[pidx_q]·D_q per lane (the contraction of second-order
+    fields: ∇_y Σ_i u_iᵀJ(y)k_i with ``tgt`` = the site, or ∇_p with ``tgt`` =
+    the parameter column's per-lane row)."""
+    for q in range(pidx.shape[0]):
+        d = D[q * m:(q + 1) * m]
+        p = P[pidx[q] * m:(pidx[q] + 1) * m]
+        o = out[tgt[q] * m:(tgt[q] + 1) * m]
+        for l in range(m):
+            o[l] += p[l] * d[l]
+
+
+@numba.njit(**_JIT)
+def _glob_apply_lanes(B, m, ptr, band, rl, tgt, nl, lam, gpl):
+    """gpl[nl + tgt[c]] += Σ_j B[band_j]·lam[rl_j] per lane: the scalar
+    columns of J_pᵀλ kept per lane (unit stride; summed over lanes once)."""
+    for c in range(tgt.shape[0]):
+        go = (nl + tgt[c]) * m
+        gc = gpl[go:go + m]
+        for j in range(ptr[c], ptr[c + 1]):
+            bj = B[band[j] * m:(band[j] + 1) * m]
+            lj = lam[rl[j] * m:(rl[j] + 1) * m]
+            for l in range(m):
+                gc[l] += bj[l] * lj[l]
+
+
+@numba.njit(**_JIT)
+def _add_lanes(src, rows, m, lanes, L, dst):
+    """dst[r*L + lanes[j]] += src[r*m + j]."""
+    for r in range(rows):
+        sr = src[r * m:(r + 1) * m]
+        dr = dst[r * L:(r + 1) * L]
+        for j in range(m):
+            dr[lanes[j]] += sr[j]
 
 
 def _slab_eval(prog, plan, ws, y, p, fz, m, out):
@@ -214,65 +360,178 @@ class Sensitivities:
         return m, k, y, h, fz, cix
 
     # -- adjoint ---------------------------------------------------------------
+    def _adjoint_setup(self) -> dict:
+        """Build-time index arrays of the fused adjoint (once per Sensitivities):
+        the LU slots' permuted (row, col), the tableau as dense arrays, the
+        distinct stage points, and the second-order fields in permuted order."""
+        from ..integrators import lanestep as LS
+        leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
+        S = tab.stages
+        iperm = leaf._iperm
+        pts = sorted(set(self._point))
+        A = np.zeros((S, S))
+        C = np.zeros((S, S))
+        for i in range(S):
+            for j in range(i):
+                A[i, j], C[i, j] = tab.a[i][j], tab.c[i][j]
+        pat = np.asarray(lu.pattern, dtype=np.int64).reshape(-1, 2)
+        sec = self.sec
+        ad = {"pts": tuple(pts), "ptslot": np.array([pts.index(p) for p in self._point], np.int64),
+              "direct": np.array([bool(np.any(A[i, :i] != 0.0)) for i in range(S)]),
+              "A": A, "C": C, "mv": np.array(tab.m, dtype=np.float64),
+              "pr": np.ascontiguousarray(pat[:, 0]), "pc": np.ascontiguousarray(pat[:, 1]),
+              "h_site": iperm[sec.site],
+              "a_nz": tuple(LS._nz(tab.a[i]) for i in range(S)),
+              "c_nz": tuple(LS._nz(tab.c[i]) for i in range(S))}
+        # (u-row, k-column) pairs of the second-order terms, permuted; each field names its pair
+        pairs = list(zip(iperm[sec.row].tolist(), iperm[sec.pcol].tolist()))
+        if self.jp is not None:
+            sp, m = self.sec_p, self.jp.meta
+            pairs += list(zip(iperm[sp.row].tolist(), iperm[sp.site].tolist()))
+            ad.update(hp_col=np.where(sp.plane, sp.pcol, self.nl + sp.pcol).astype(np.int64),
+                      ncols=self.nl + int(m["n_glob_cols"]), nfp=int(self.jp.n_fields))
+        uniq = sorted(set(pairs))
+        at = {pq: e for e, pq in enumerate(uniq)}
+        pid = np.array([at[pq] for pq in pairs], dtype=np.int64)
+        ad["pa"] = np.array([pq[0] for pq in uniq], dtype=np.int64)
+        ad["pb"] = np.array([pq[1] for pq in uniq], dtype=np.int64)
+        ad["h_pid"] = pid[:sec.row.size]
+        if self.jp is not None:
+            ad["hp_pid"] = pid[sec.row.size:]
+        for k, v in ad.items():
+            if isinstance(v, np.ndarray):
+                ad[k] = np.ascontiguousarray(v)
+        from ._leaf import _bind_kernel
+        ad["sec"] = _bind_kernel(self.jac, self.sec.s.kernel, leaf.p, 0.0)
+        if self.jp is not None:
+            ad["jp"] = _bind_kernel(self.jp, self.jp.kernel, leaf.p, 0.0)
+            ad["sec_p"] = _bind_kernel(self.jp, self.sec_p.s.kernel, leaf.p, 0.0)
+        return ad
+
+    def _adj_scratch(self, C: int) -> dict:
+        """Scratch for records of up to ``C`` lanes (prefixes of it serve any
+        smaller record: nothing is allocated per record)."""
+        sc = self._ws.get(("adj", C))
+        if sc is not None:
+            return sc
+        self._ws = {k: v for k, v in self._ws.items() if not isinstance(k, tuple)}
+        n, S, nnz = self.leaf.n_species, self.leaf._tab.stages, self.leaf._lu.nnz
+        npt = len(self._ad["pts"])
+        sc = {"K": np.zeros((S, n * C)), "Ys": np.zeros((S, n * C)), "F": np.zeros(n * C),
+              "Fs": np.zeros(n * C), "JP": np.zeros((npt, nnz * C)), "W": np.zeros(nnz * C),
+              "D": np.zeros(max(self.sec.nf * C, 1)), "bad": np.zeros(C, np.int64),
+              "U": np.zeros((S, n * C)), "UND": np.zeros((npt, n * C)), "acc": np.zeros((S, n * C)),
+              "g": np.zeros(n * C), "lamP": np.zeros(n * C), "lamN": np.zeros(n * C),
+              "y": np.zeros(n * C), "h": np.zeros(C), "P": np.zeros(max(self._ad["pa"].size * C, 1))}
+        if self.jp is not None:
+            ad = self._ad
+            sc.update(Bp=np.zeros(max(ad["nfp"] * C, 1)), Dp=np.zeros(max(self.sec_p.nf * C, 1)),
+                      gpl=np.zeros(ad["ncols"] * C))
+        self._ws[("adj", C)] = sc
+        return sc
+
     def adjoint(self, records, lam, fz_full, cix_full, L, gp):
         """λ ← ∂φ/∂y(t0) in place (``lam[s*L + l]``); ``gp`` (the parameter
-        program's column space at L lanes) accumulates ∂φ/∂p."""
-        leaf, tab = self.leaf, self.leaf._tab
-        n = leaf.n_species
-        perm = leaf._perm
-        S = tab.stages
-        from ..linalg.sparse_lu import solve_transpose_lanes
-        lu = leaf._lu
-        for lanes, ys, hs in reversed(records):
-            m, k, y, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)
-            sc = self._scratch(m)
-            self._forward_stages(y, h, fz, cix, m, sc)
-            lamk = np.zeros(n * m)
-            lamk.reshape(n, m)[:, :k] = lam.reshape(n, L)[:, lanes]
-            lam_new = lamk.copy()
-            acc = np.zeros((S, n * m))            # permuted order
-            K = sc["K"]
-            hh = np.tile(h, n)
-            at = -1
-            for i in range(S - 1, -1, -1):
-                kap = tab.m[i] * lamk.reshape(n, m)[perm].reshape(-1) + acc[i]
-                solve_transpose_lanes(sc["W"], kap, lu.nnz, m, m, *lu._solve_ops())
-                u_nat = np.empty(n * m)
-                u_nat.reshape(n, m)[perm] = kap.reshape(n, m)
-                g = np.zeros(n * m)
-                pt = self._point[i]
-                if pt != at:                      # J(Y_i) (and J_p) once per distinct stage point
-                    at = pt
-                    Yi = np.ascontiguousarray(sc["Ys"][i, :n * m])
-                    _slab_eval(self.jac, self.plan, sc["ws"], Yi, leaf.p, fz, m, sc["Jp"])
-                    if self.jp is not None:
-                        _slab_eval(self.jp, self.plan_p, sc["wsp"], Yi, leaf.p, fz, m, sc["Pp"])
-                self.jac.apply_transpose(self.plan, sc["ws"], u_nat, g)
-                lam_new += g
-                gperm = g.reshape(n, m)[perm].reshape(-1)
-                for j in range(i):
-                    a, c = tab.a[i][j], tab.c[i][j]
-                    if a != 0.0:
-                        acc[j] += a * gperm
-                    if c != 0.0:
-                        acc[j] += (c / hh) * kap
-                k_nat = np.empty(n * m)
-                k_nat.reshape(n, m)[perm] = K[i, :n * m].reshape(n, m)
-                sec = self.sec
-                _hess_adj(sc["D"], m, sec.row, sec.site, sec.pcol, u_nat, k_nat, lam_new)
-                if self.jp is not None:
-                    gpm = np.zeros(self.jp.col_size(m))
-                    self.jp.apply_transpose(self.plan_p, sc["wsp"], u_nat, gpm)
-                    sp = self.sec_p
-                    _hessp_adj(sc["Dp"], m, sp.row, sp.site, sp.pcol, sp.plane, self.nl, u_nat, k_nat, gpm)
-                    self._add_params(gp, gpm, lanes, k, m, L)
-            lam.reshape(n, L)[:, lanes] = lam_new.reshape(n, m)[:, :k]
+        program's column space at L lanes) accumulates ∂φ/∂p.
 
-    def _add_params(self, gp, gpm, lanes, k, m, L):
-        nl = self.nl
-        if nl:
-            gp[:nl * L].reshape(nl, L)[:, lanes] += gpm[:nl * m].reshape(nl, m)[:, :k]
-        gp[nl * L:] += gpm[nl * m:]
+        Per record: the step is replayed (its stages, J(y), the LU of W), the
+        Jacobian is evaluated at the other stage points into the LU's slots,
+        and the reverse stage sweep, Jᵀu products and transposed solves run
+        in one compiled call in the LU's permuted order; the second-order
+        terms of all stages are contracted in one pass over the fields. The
+        scalar parameters' gradients are kept per lane and summed over lanes
+        once at the end (unit-stride loops instead of a reduction per call)."""
+        from ..integrators import lanestep as LS
+        from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes
+        from ..runtime.kernels import lane_apply
+        if not records:
+            return
+        leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
+        if getattr(self, "_ad", None) is None:
+            self._ad = self._adjoint_setup()
+        ad = self._ad
+        n, S, nnz = leaf.n_species, tab.stages, lu.nnz
+        perm = leaf._perm
+        nfz = len(leaf.forcing_names)
+        ncd = cix_full.size // L if L else 0
+        C = max(r[0].size for r in records)
+        sc = self._adj_scratch(C)
+        K, Ys, F, Fs, JP, Wm = sc["K"], sc["Ys"], sc["F"], sc["Fs"], sc["JP"], sc["W"]
+        b = self.bound
+        jp = self.jp
+        fops, sops = lu._factor_ops(), lu._solve_ops()
+        fzb = np.zeros(max(nfz * C, 1))
+        cxb = np.zeros(max(ncd * C, 1), np.int64)
+        if jp is not None:
+            ncols = ad["ncols"]
+            GPL = np.zeros(ncols * L)
+            jm = jp.meta
+            lane_args = (jm["c_ptr"], jm["c_band"], jm["c_ca"], jm["c_cb"], jm["c_cs"], jm["c_tgt"])
+            glob_args = (jm["g_ptr"], jm["g_band"], jm["g_rl"], jm["g_tgt"])
+            Bp, Dp, gpl = sc["Bp"], sc["Dp"], sc["gpl"]
+            jp_at, secp_at = ad["jp"], ad["sec_p"]
+        for lanes, ys, hs in reversed(records):
+            m = lanes.size
+            N = n * m
+            y = sc["y"][:N]
+            y[:] = ys.reshape(-1)
+            h = sc["h"][:m]
+            h[:] = hs
+            if nfz:
+                LS._gather(fz_full, L, lanes, nfz, m, fzb)
+            if ncd:
+                LS._gather(cix_full, L, lanes, ncd, m, cxb)
+            fz, cix = fzb, cxb
+            # replay: exactly the forward's arithmetic (same kernels, same order)
+            b.rhs(y, fz, cix, m, F)
+            b.jac(y, fz, cix, m, JP[0])
+            LS._assemble_w(JP[0], Wm, lu.diag_slots, h, tab.gamma, m, m, nnz)
+            factor_lanes(Wm, nnz, m, m, CHUNK, *fops, sc["bad"])
+            if np.any(sc["bad"][:m] >= 0):
+                raise JacError("evaluation_error", "singular iteration matrix while replaying a recorded step")
+            Ys[0, :N] = y
+            Fi = F
+            for i in range(S):
+                if i > 0:
+                    if tab.newf[i]:
+                        LS._combine(y, K, *ad["a_nz"][i], perm, m, Ys[i])
+                        b.rhs(Ys[i], fz, cix, m, Fs)
+                        Fi = Fs
+                    else:
+                        Ys[i, :N] = Ys[i - 1, :N]
+                LS._stage_rhs(Fi, K, i, *ad["c_nz"][i], h, 0.0, F, perm, m)
+                solve_lanes(Wm, K[i], nnz, m, m, CHUNK, *sops)
+            for k, pt in enumerate(ad["pts"][1:], 1):
+                b.jac(Ys[pt], fz, cix, m, JP[k])
+            ad["sec"](y, fz, cix, m, sc["D"])
+            # the reverse sweep (permuted order)
+            lamP, lamN = sc["lamP"], sc["lamN"]
+            _gather_perm(lam, L, lanes, perm, m, lamP)
+            _adjoint_stages(lamP, lamN, sc["acc"], sc["U"], sc["UND"], JP, ad["ptslot"], ad["direct"],
+                            ad["A"], ad["C"], ad["mv"], h, ad["pr"], ad["pc"], sc["g"], Wm, nnz, n, m,
+                            *sops)
+            P = sc["P"]
+            _pair_products(sc["U"], K, ad["pa"], ad["pb"], m, P)
+            _fields_into(sc["D"], m, ad["h_pid"], ad["h_site"], P, lamN)
+            _scatter_perm(lamN, L, lanes, perm, m, lam)
+            if jp is None:
+                continue
+            # parameters: J_p(Y_i)ᵀ u_i, summed per stage point, and the mixed second order
+            gpl[:ncols * m] = 0.0
+            Upt = sc["UND"]                       # reused: Σ u_i per stage point (natural order)
+            _sum_points(sc["U"], ad["ptslot"], perm, m, Upt)
+            for k, pt in enumerate(ad["pts"]):
+                jp_at(Ys[pt], fz, cix, m, Bp)
+                lane_apply(Bp, m, *lane_args, Upt[k], gpl)
+                _glob_apply_lanes(Bp, m, *glob_args, self.nl, Upt[k], gpl)
+            secp_at(y, fz, cix, m, Dp)
+            _fields_into(Dp, m, ad["hp_pid"], ad["hp_col"], P, gpl)
+            _add_lanes(gpl, ncols, m, lanes, L, GPL)
+        if jp is not None:
+            nl = self.nl
+            G = GPL.reshape(ncols, L)
+            gp[:nl * L] += G[:nl].reshape(-1)
+            gp[nl * L:] += G[nl:].sum(axis=1)
 
     # -- frozen-step forward ----------------------------------------------------
     def replay(self, records, y, fz_full, cix_full, L, p=None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import JacError
+from ..errors import JacError, in_equation
 from ..model.expr import free_names
 from ..model.load import SystemView, lhs_state
 from .bands import Band, Ctx, bands, normalize_band
@@ -82,18 +82,19 @@ def jacobian_bands(view: SystemView, wrt: str = "states", *,
         obs = inlinable_observed(obs, [r for _, r in diff_eqs], tset)
     entries: list = []
     for u, rhs in diff_eqs:
-        shape_u = ctx.shapes.get(u, ())
-        rhs = inline_observed(rhs, obs)
-        names = free_names(rhs)
-        hidden = names & view.indexed_observed
-        if hidden:
-            raise JacError(
-                "unsupported_construct",
-                f"the equation for `{u}` reads observed {sorted(hidden)} defined only "
-                "through an indexed left-hand side, which cannot be inlined")
-        for v in sorted(names & tset):
-            for b in merge_bands(bands(rhs, v, ctx, shape_u)):
-                entries.append(JacEntry(u, v, normalize_band(b)))
+        with in_equation(u):
+            shape_u = ctx.shapes.get(u, ())
+            rhs = inline_observed(rhs, obs)
+            names = free_names(rhs)
+            hidden = names & view.indexed_observed
+            if hidden:
+                raise JacError(
+                    "unsupported_construct",
+                    f"the equation for `{u}` reads observed {sorted(hidden)} defined only "
+                    "through an indexed left-hand side, which cannot be inlined")
+            for v in sorted(names & tset):
+                for b in merge_bands(bands(rhs, v, ctx, shape_u)):
+                    entries.append(JacEntry(u, v, normalize_band(b)))
     if not entries and not allow_empty and wrt == "states":
         writes_arrays = [u for u, _ in diff_eqs if ctx.shapes.get(u)]
         if writes_arrays:

@@ -34,12 +34,13 @@ for one plan (``fl<chunk>``: its slots written directly, no band slab).
 """
 from __future__ import annotations
 
+import functools
 import keyword
 import re
 from dataclasses import dataclass
 
 from .._version import __version__
-from ..errors import JacError
+from ..errors import JacError, in_equation
 from ..model.expr import add, format_float
 from ..model.layout import strides as row_major_strides
 from .ssa import Block, Lowering
@@ -202,6 +203,38 @@ class _Printer:
         raise JacError("unsupported_construct", f"no code for `{op}`")
 
 
+def _failing_row(doc) -> str | None:
+    """The state whose field first fails to lower alone (None: none does)."""
+    low = _lowering(doc)
+    cells = {n: k for k, n in enumerate(_cell_names(doc))}
+    for f in doc.fields:
+        dimpos = cells if doc.kind == "cell" else {n: k for k, (n, _, _) in enumerate(f.dims)}
+        try:
+            low.point(Block(), doc.expanded(f.expr), dimpos)
+        except JacError:
+            return f.row
+    return None
+
+
+def _names_equation(fn):
+    """A refusal while compiling names the equation it came from (found by
+    lowering each field alone, only after a failure)."""
+
+    @functools.wraps(fn)
+    def wrapper(doc, *args, **kwargs):
+        try:
+            return fn(doc, *args, **kwargs)
+        except JacError as exc:
+            row = _failing_row(doc) if exc.code in ("unsupported_construct", "underivable_operator") else None
+            if row is None:
+                raise
+            with in_equation(row):
+                raise
+
+    return wrapper
+
+
+@_names_equation
 def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
              tile: int | None = None, nslots: int | None = None) -> Generated:
     """Source for ``doc`` (an :class:`~esmjac.compile.evaldoc.EvalDoc`).
@@ -312,6 +345,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt, mode == "tile")
 
 
+@_names_equation
 def tape_program(doc, dest=None):
     """(prologue tape, body tape, n_hoist) of a cell document (engine "tape").
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..calculus import context
 from ..calculus.bands import Ctx, same_rank, aggregate_box, is_array_expr, place_subregion, push_index
 from ..calculus.inline import inline_observed, range_of, region_bound
-from ..errors import JacError
+from ..errors import JacError, in_equation
 from ..model.expr import AGG, Node, free_names, mul, node, op, substitute
 from ..model.load import SystemView, lhs_state
 
@@ -47,20 +47,21 @@ def rhs_pieces(view: SystemView) -> list:
         u = lhs_state(lhs)
         if u is None:
             continue
-        rhs = inline_observed(rhs, obs)
-        hidden = free_names(rhs) & view.indexed_observed
-        if hidden:
-            raise JacError("unsupported_construct",
-                           f"the equation for `{u}` reads observed {sorted(hidden)} defined only "
-                           "through an indexed left-hand side")
-        shape = ctx.shapes.get(u, ())
-        found: list = []
-        if not shape:
-            if is_array_expr(rhs, ctx):
-                raise JacError("unsupported_construct", f"array-valued right-hand side for scalar `{u}`")
-            found.append(((), (), rhs))
-        else:
-            _walk(found, rhs, ctx, tuple(shape), ())
+        with in_equation(u):
+            rhs = inline_observed(rhs, obs)
+            hidden = free_names(rhs) & view.indexed_observed
+            if hidden:
+                raise JacError("unsupported_construct",
+                               f"the equation for `{u}` reads observed {sorted(hidden)} defined only "
+                               "through an indexed left-hand side")
+            shape = ctx.shapes.get(u, ())
+            found: list = []
+            if not shape:
+                if is_array_expr(rhs, ctx):
+                    raise JacError("unsupported_construct", f"array-valued right-hand side for scalar `{u}`")
+                found.append(((), (), rhs))
+            else:
+                _walk(found, rhs, ctx, tuple(shape), ())
         for rows, pins, e in found:
             out.append(Piece(u, tuple(tuple(r) for r in rows), tuple(pins), e))
     return out
