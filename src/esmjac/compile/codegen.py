@@ -44,6 +44,7 @@ from ..errors import JacError, in_equation
 from ..model.expr import add, format_float
 from ..model.layout import strides as row_major_strides
 from .ssa import Block, Lowering
+from .tape import encode
 
 __all__ = ["generate", "Generated", "GENERATOR"]
 
@@ -352,7 +353,6 @@ def tape_program(doc, dest=None):
     With ``dest`` (per field: its slot of a unit-stride lane plan) the body
     stores slots directly: the bands of one slot are summed in plan order
     (field order) first, so each slot is stored once."""
-    from .tape import encode
     if doc.kind != "cell":
         raise JacError("bad_option", "the tape engine runs cell-lane programs only")
     low = _lowering(doc)

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import JacError
 from ..limits import set_workspace_limit, workspace_limit
+from . import kernels as K
 
 __all__ = ["vector", "time", "params", "disjoint", "workspace", "lanes", "workspace_limit",
            "set_workspace_limit", "report_nonfinite"]
@@ -237,7 +238,6 @@ def lanes(n, bytes_per_lane: int, what: str = "workspace") -> int:
 def report_nonfinite(out: np.ndarray, inputs: tuple, t: float, what: str, name_of=None) -> None:
     """Called when ``out`` has a non-finite value: ``evaluation_error`` unless
     an input was already non-finite (then it is the caller's business)."""
-    from . import kernels as K
     if any(x.size and K.count_nonfinite(np.ascontiguousarray(x)) for x in inputs):
         return
     i = K.first_nonfinite(out)
