@@ -310,7 +310,7 @@ class SundialsProblem(Problem):
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array``."""
         from scipy.sparse import csr_array
         data = self._eval_user(t, y).copy()
-        ip, ix, _ = self.plan.csr_index(self._st["ws_user"].lanes)
+        ip, ix, _ = self.plan.csr_index(self._state.ws_user.lanes)
         return csr_array((data, ix, ip), shape=(self.n, self.n))
 
     def jv(self, t, y, v) -> np.ndarray:
