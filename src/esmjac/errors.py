@@ -174,7 +174,7 @@ class InternalError(JacError, RuntimeError):
     code = "internal_error"
 
 #: Codes whose refusals concern one equation's right-hand side.
-_EQUATION_CODES = frozenset({"underivable_operator", "unsupported_construct", "inline_error",
+_EQUATION_CODES = frozenset({"underivable_operator", "unsupported_construct", "inline_error", "invalid_document",
                              "evaluation_error"})
 
 

@@ -200,6 +200,27 @@ def test_callable_forcing_at_stage_times(leaf):
     assert np.max(np.abs(v - yr)[big] / np.abs(yr[big])) < 1e-3
 
 
+def test_tile_width_does_not_change_a_bit(doc8):
+    # LaneSparseBlocks tiles of 16 lanes (compaction leaves partial tiles) vs one
+    # tile of the active lanes: the same arithmetic per lane, so the same bits.
+    L = 40
+    doc = lift(json.loads(TROPO12.read_text()), L)
+    a = rosenbrock(doc, rtol=1e-4, threads=1)
+    b = rosenbrock(doc, rtol=1e-4, threads=1, tile=16)
+    assert a.tile is None and b.tile == 16
+    u, fj = _grid(a, L, 3)
+    va, vb = u.copy(), u.copy()
+    sa, sb = a.advance(va, 0.0, DT, forcing=fj), b.advance(vb, 0.0, DT, forcing=fj)
+    assert sa.success and sb.success and np.array_equal(va, vb)
+    assert np.array_equal(sa.nsteps, sb.nsteps) and np.array_equal(sa.h, sb.h)
+    w = 1.0 / np.abs(u).clip(1.0)
+    ga, gb = a.gradient(u, 0.0, 300.0, w, forcing=fj, wrt="state"), b.gradient(u, 0.0, 300.0, w, forcing=fj,
+                                                                              wrt="state")
+    assert np.array_equal(ga[1], gb[1])
+    with pytest.raises(JacError):
+        rosenbrock(doc, tile=0)
+
+
 def _with_explicit_t(doc):
     """tropo12 with a diurnal O3 source that names t: + 1e8·(1 + sin(t/300))."""
     import copy

@@ -103,8 +103,9 @@ def test_array_valued_rhs_of_a_scalar_is_refused():
     assert isinstance(ei.value, NotImplementedError)
 
 
-@pytest.mark.parametrize("change", [{"filter": {"op": ">", "args": ["i", 1]}}, {"reduce": "max"}],
-                         ids=["filter", "max"])
+@pytest.mark.parametrize("change", [{"filter": {"op": ">", "args": ["i", 1]}, "reduce": "min"},
+                                    {"reduce": "max"}],
+                         ids=["filtered_min", "max"])
 def test_one_construct_one_error_code(change):
     # The RHS lowering and the band calculus walk arrays the same way, so an
     # aggregate neither can express is refused with the same code by both.
@@ -116,3 +117,15 @@ def test_one_construct_one_error_code(change):
     with pytest.raises(JacError) as calculus:
         BandSet.build(doc)
     assert lowering.value.code == calculus.value.code == "underivable_operator"
+
+
+def test_a_filtered_sum_is_a_gated_sum():
+    # D(A)[i] = Σ_{j : j <= i} A[j] over 3 cells (a prefix sum), by hand.
+    doc = chem(cells=3)
+    doc["models"]["M"]["equations"][0]["rhs"] = {
+        "op": "faq", "output_idx": ["i"], "args": [], "ranges": {"i": {"from": "cell"}, "j": {"from": "cell"}},
+        "filter": {"op": "<=", "args": ["j", "i"]}, "expr": {"op": "index", "args": ["A", "j"]}}
+    view = load_view(doc)
+    y = np.array([2.0, 3.0, 5.0, 0.5, 0.5, 0.5])        # A, then B
+    f = _pieces_rhs(view, y)
+    np.testing.assert_allclose(f[:3], [2.0, 5.0, 10.0], rtol=1e-15)

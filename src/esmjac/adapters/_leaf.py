@@ -175,8 +175,9 @@ class _Bound:
     ``m`` compact lanes, one-thread kernels, parameter-only values hoisted
     once here (not per call)."""
 
-    def __init__(self, leaf: "RosenbrockLeaf", p: np.ndarray, t: float, capacity: int):
-        rhs, jac, plan = leaf.rhs_program, leaf.jac_program, leaf.plan
+    def __init__(self, leaf: "RosenbrockLeaf", p: np.ndarray, t: float, capacity: int, plan=None):
+        rhs, jac = leaf.rhs_program, leaf.jac_program
+        plan = leaf.plan if plan is None else plan
         self.rhs = _bind_kernel(rhs, rhs.kernel, p, t)
 
         if jac.kernel.engine == "codegen":
@@ -192,11 +193,13 @@ class _Bound:
         else:
             jk = jac.kernel
             hj = np.zeros(max(jk.n_hoist, 1))
-            slab = np.zeros(max(jac.n_fields * capacity, 1))
+            slabs = [np.zeros(max(jac.n_fields * capacity, 1))]
 
             def j(u, fz, cix, m, out):
-                jac._run(jk, u, p, t, fz, slab, hj, cix, m)
-                K.scatter(plan, slab, m, out)
+                if slabs[0].size < jac.n_fields * m:          # a replay of more lanes than planned
+                    slabs[0] = np.zeros(jac.n_fields * m)
+                jac._run(jk, u, p, t, fz, slabs[0], hj, cix, m)
+                K.scatter(plan, slabs[0], m, out)
         self.jac = j
 
 
@@ -751,7 +754,7 @@ class RosenbrockLeaf:
 def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, method: str = "rodas3",
                rtol: float = 1e-4, atol=None, step: str = "lane", threads="auto", compact: bool = True,
                clip_negative: bool = False, max_steps: int = 100000, max_rejects: int = 50,
-               h0=None, options: dict | None = None, **extra) -> RosenbrockLeaf:
+               h0=None, tile: int | None = None, options: dict | None = None, **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
     ``p``: parameter overrides (dict name → value, or all values in
@@ -772,6 +775,9 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     to 0 (off by default: Rosenbrock methods conserve mass and linear
     invariants only without clipping). ``max_steps``: attempts per lane per
     call; ``max_rejects``: consecutive rejections before a lane gives up.
+    ``tile``: lane tile width of the Jacobian / LU slot storage (None, the
+    default: one tile of the active lanes; an int W: tiles of W lanes,
+    LaneSparseBlocks' ``tile``). Results are bitwise the same for any value.
     """
     from ..layouts.types import LaneSparseBlocks
     from ..model.expr import free_names
@@ -794,7 +800,9 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         options = opts
         rhs = RhsProgram.build(source, model, options=options)
         jac = JacobianProgram.build(source, model, wrt="states", options=options)
-    plan = jac.plan(LaneSparseBlocks(tile=None), source=rhs)
+    if tile is not None:
+        _pos_int("tile", tile)
+    plan = jac.plan(LaneSparseBlocks(tile=tile), source=rhs)
     leaf = RosenbrockLeaf(rhs, jac, plan, p, forcing, method=method, rtol=rtol, atol=atol, step=step,
                           threads=threads, compact=compact, clip_negative=clip_negative,
                           max_steps=max_steps, max_rejects=max_rejects, h0=h0, time_field=time_field)

@@ -269,12 +269,14 @@ class Sensitivities:
     """Tangent-linear and adjoint replays of a leaf's recorded steps."""
 
     def __init__(self, leaf, wrt_parameters: bool):
-        from ..layouts.types import LaneBlocks
+        from ..layouts.types import LaneBlocks, LaneSparseBlocks
         from ..runtime.programs import JacobianProgram
         from ._leaf import _Bound
         self.leaf = leaf
         self.jac = leaf.jac_program
-        self.plan = leaf.plan
+        # the replays run untiled (one tile of a record's lanes), whatever the leaf's tile
+        self.plan = leaf.plan if leaf.tile is None else self.jac.plan(LaneSparseBlocks(tile=None),
+                                                                       source=leaf.rhs_program)
         self.sec = _Second(self.jac)
         self.jp = None
         if wrt_parameters:
@@ -282,7 +284,7 @@ class Sensitivities:
             self.plan_p = self.jp.plan(LaneBlocks("natural", tile=None))
             self.sec_p = _Second(self.jp)
             self.nl = int(self.jp.meta["n_lane_cols"])
-        self.bound = _Bound(leaf, leaf.p, 0.0, 1)
+        self.bound = _Bound(leaf, leaf.p, 0.0, 1, self.plan)
         self._ws: dict = {}
         tab = leaf._tab
         pts, cur = [], 0
@@ -543,7 +545,7 @@ class Sensitivities:
         n = leaf.n_species
         saved = self.bound
         if p is not None:
-            self.bound = _Bound(leaf, np.ascontiguousarray(p, dtype=np.float64), 0.0, 1)
+            self.bound = _Bound(leaf, np.ascontiguousarray(p, dtype=np.float64), 0.0, 1, self.plan)
         try:
             tab = leaf._tab
             for lanes, _, hs in records:

@@ -34,7 +34,9 @@ class JacEntry:
 def context(view: SystemView) -> Ctx:
     shapes = {n: v.shape for n, v in view.variables.items() if v.shape}
     params = frozenset(view.parameters)
-    return Ctx(dict(view.index_sets), shapes, params)
+    dims = {n: tuple(v.shape_names) for n, v in view.variables.items()
+            if v.shape and len(v.shape_names) == len(v.shape) and all(isinstance(x, str) for x in v.shape_names)}
+    return Ctx(dict(view.index_sets), shapes, params, dims)
 
 
 def targets_of(view: SystemView, wrt: str) -> list:
@@ -93,7 +95,7 @@ def jacobian_bands(view: SystemView, wrt: str = "states", *,
                     f"the equation for `{u}` reads observed {sorted(hidden)} defined only "
                     "through an indexed left-hand side, which cannot be inlined")
             for v in sorted(names & tset):
-                for b in merge_bands(bands(rhs, v, ctx, shape_u)):
+                for b in merge_bands(bands(rhs, v, ctx.walking(u), shape_u)):
                     entries.append(JacEntry(u, v, normalize_band(b)))
     if not entries and not allow_empty and wrt == "states":
         writes_arrays = [u for u, _ in diff_eqs if ctx.shapes.get(u)]

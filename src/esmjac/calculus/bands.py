@@ -13,10 +13,10 @@ typed :class:`JacError` (never a silent zero).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, add, is_array_expr, free_names, is_zero, iter_children, map_children, mul, node, op,
+from ..model.expr import (AGG, Node, _thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
                           substitute)
 from .clip import clip_regions
 from .inline import range_of, region_bound
@@ -47,9 +47,23 @@ class Ctx:
     index_sets: dict
     shapes: dict
     params: frozenset
+    #: index-set names per axis of the arrays that declare them (esm-spec
+    #: §4.3.4: operands with declared index sets align by name)
+    dims: dict = field(default_factory=dict)
+    #: index-set names of the array being walked (None: anonymous axes)
+    target: tuple | None = None
 
     def is_array(self, name) -> bool:
         return name in self.shapes
+
+    def walking(self, u: str) -> "Ctx":
+        """This context while walking the equation of ``u``."""
+        return replace(self, target=self.dims.get(u))
+
+    def sub(self, keep) -> "Ctx":
+        """This context for a sub-array made of the target's axes ``keep``."""
+        t = self.target
+        return replace(self, target=None if t is None else tuple(t[k] for k in keep))
 
 
 def sorted_sites(e, v: str) -> list:
@@ -106,10 +120,9 @@ def _scalar_bands(out, e, v, rows, ridx, scale) -> None:
 def _array(out, e, v, ctx, shape_u, scale) -> None:
     if isinstance(e, str):
         if e == v:
-            same_rank(e, len(shape_u), ctx)
             names = _names(shape_u)
             out.append(Band(tuple((1, n) for n in shape_u), tuple(names),
-                            tuple(names), mul(*scale)))
+                            tuple(aligned(e, names, ctx)), mul(*scale)))
         return
     if not isinstance(e, Node):
         return
@@ -129,13 +142,13 @@ def _array(out, e, v, ctx, shape_u, scale) -> None:
                 _array(out, x, v, ctx, shape_u, scale + (-1,))
     elif o == "neg":
         _array(out, e.args[0], v, ctx, shape_u, scale + (-1,))
+    elif o == "broadcast":
+        _array(out, unbroadcast(e), v, ctx, shape_u, scale)
+    elif o == "*" and sum(is_array_expr(x, ctx) for x in e.args) != 1:
+        _elementwise(out, e, v, ctx, shape_u, scale)
     elif o == "*":
         arr = [x for x in e.args if is_array_expr(x, ctx)]
         sc = tuple(x for x in e.args if not is_array_expr(x, ctx))
-        if len(arr) != 1:
-            raise JacError("unsupported_construct",
-                           f"elementwise product of {len(arr)} array-valued factors at "
-                           "array level; wrap it in an aggregate")
         if any(v in free_names(x) for x in sc):
             raise JacError("unsupported_construct",
                            f"a scalar factor depends on `{v}` in an array-level product")
@@ -152,27 +165,117 @@ def _array(out, e, v, ctx, shape_u, scale) -> None:
         names = _names(shape_u)
         _scalar_bands(out, e, v, [(1, n) for n in shape_u], names, scale)
     elif is_array_expr(e, ctx):
-        if o in ("broadcast", "reshape", "transpose", "concat", "arrayop"):
+        if o in ("reshape", "transpose", "concat", "arrayop"):
             raise JacError("unsupported_construct", f"`{o}` operands have no band form")
-        # Generic elementwise op over whole arrays: push the index inward.
-        names = _names(shape_u)
-        body = push_index(e, list(names), ctx)
-        agg = node(AGG, (), body, output_idx=list(names),
-                   ranges={n: [1, shape_u[k]] for k, n in enumerate(names)})
-        _array(out, agg, v, ctx, shape_u, scale)
+        _elementwise(out, e, v, ctx, shape_u, scale)
     else:
         names = _names(shape_u)
         _scalar_bands(out, e, v, [(1, n) for n in shape_u], names, scale)
 
 
-def aggregate_box(e: Node, ctx, shape) -> tuple:
-    """``(output indices, their row ranges, ranges)`` of an array-level
+def _elementwise(out, e, v, ctx, shape_u, scale) -> None:
+    """A generic elementwise op over whole arrays: push the index inward."""
+    names = _names(shape_u)
+    body = push_index(e, list(names), ctx)
+    agg = node(AGG, (), body, output_idx=list(names),
+               ranges={n: [1, shape_u[k]] for k, n in enumerate(names)})
+    _array(out, agg, v, ctx, shape_u, scale)
+
+
+def unbroadcast(e: Node):
+    """``broadcast(fn, args)`` is ``fn(args)`` applied elementwise
+    (esm-spec §4.3.4): the array walks already broadcast elementwise ops."""
+    fn = e.attr("fn")
+    if not isinstance(fn, str) or not fn:
+        raise JacError("invalid_document", "a `broadcast` node without an `fn`")
+    return node(fn, e.args)
+
+
+def _axis_sets(e: Node) -> list:
+    """The index set each output axis of an aggregate ranges over (None
+    where the range is literal: an anonymous axis)."""
+    ranges = dict(e.attr("ranges") or ())
+    out = []
+    for n in e.attr("output_idx") or ():
+        r = ranges.get(n)
+        d = dict(r) if isinstance(r, tuple) and r and isinstance(r[0], tuple) else {}
+        out.append(d.get("from") if set(d) == {"from"} else None)
+    return out
+
+
+def aligned(name_or_sets, names: list, ctx: Ctx, rank: int | None = None):
+    """The target's index names that an operand's axes read, in the
+    operand's axis order (esm-spec §4.3.4): by index-set name when the
+    operand and the target both declare theirs (an operand over a subset of
+    the target's sets replicates along the others, a permuted one reads
+    transposed), else positionally at equal rank. Refused otherwise: a
+    positional read of a lower-rank operand would be silently wrong."""
+    if isinstance(name_or_sets, str):
+        sets = ctx.dims.get(name_or_sets)
+        rank = len(ctx.shapes.get(name_or_sets, ()))
+        what = f"bare array `{name_or_sets}`"
+    else:
+        sets = name_or_sets
+        rank = len(sets) if rank is None else rank
+        what = f"a rank-{rank} aggregate"
+    tgt = ctx.target
+    if (tgt is not None and sets is not None and len(tgt) == len(names) and None not in sets
+            and len(set(sets)) == len(sets) and len(set(tgt)) == len(tgt) and set(sets) <= set(tgt)):
+        return [names[tgt.index(d)] for d in sets]
+    if rank == len(names):
+        return list(names)
+    raise JacError("unsupported_construct",
+                   f"{what} (rank {rank}) is broadcast against a rank-{len(names)} array whose axes "
+                   "it cannot be aligned to by index-set name; index it explicitly in an faq")
+
+
+def _lift(e: Node, ctx: Ctx, shape) -> Node:
+    """A lower-rank aggregate broadcast into the target: the same body with
+    the target's missing axes added as output indices it does not read."""
+    names = _names(shape)
+    sets = _axis_sets(e)
+    try:
+        sub = aligned(sets, names, ctx, len(sets))
+    except JacError:
+        return e
+    oidx = list(e.attr("output_idx"))
+    by_target = dict(zip(sub, oidx))
+    ranges = dict(e.attr("ranges") or ())
+    new_oidx = []
+    for k, n in enumerate(names):
+        if n in by_target:
+            new_oidx.append(by_target[n])
+        else:
+            fresh = f"_b{k + 1}"
+            new_oidx.append(fresh)
+            ranges[fresh] = (1, shape[k])
+    fields = {k: v for k, v in e.extra if k not in ("output_idx", "ranges")}
+    return node(AGG, e.args, e.body, output_idx=new_oidx,
+                ranges={k: _thaw(r) for k, r in ranges.items()}, **fields)
+
+
+def aggregate_box(e: Node, ctx, shape, *, absolute: bool = False) -> tuple:
+    """``(output indices, their row ranges, ranges, body)`` of an array-level
     aggregate over an array of ``shape``, or the refusal both array walks
     (this calculus and the RHS lowering) give for it: one construct, one
-    error code."""
+    error code.
+
+    The format's aggregate result is *compact* (earthsci-ast's evaluators,
+    esm-spec §4.3.1/§4.3.4): along an output axis whose range is ``[lo, hi]``
+    element ``r`` (1-based) is the body at index ``lo + r - 1``; it is placed
+    into the target from 1, and an axis of extent 1 broadcasts over the
+    target's axis. So a range with the target's extent but origin ``lo > 1``
+    shifts the body, a singleton range pins the index and spans the whole
+    axis, and any other extent is a shape mismatch (refused, as earthsci-ast
+    refuses it). ``absolute=True`` keeps the range's own positions: the
+    ``makearray`` walks place an aggregate value themselves (its origin is
+    the region's)."""
     output_idx = e.attr("output_idx") or ()
     if any(not isinstance(x, str) for x in output_idx):
         raise JacError("unsupported_construct", "singleton `1` output_idx entries have no band form")
+    if not absolute and 0 < len(output_idx) < len(shape):
+        e = _lift(e, ctx, shape)
+        output_idx = e.attr("output_idx")
     oidx = list(output_idx)
     if e.attr("filter") is not None:
         raise JacError("underivable_operator",
@@ -185,23 +288,38 @@ def aggregate_box(e: Node, ctx, shape) -> tuple:
         raise JacError("underivable_operator",
                        f"reduce={e.attr('reduce') or semiring!r}: non-`+` semiring reductions have no bands")
     ranges = dict(e.attr("ranges") or ())
-    rows = []
+    rows, subst = [], {}
     for k, n in enumerate(oidx):
         if n in ranges:
-            rows.append(range_of(ranges[n], ctx.index_sets))
+            lo, hi = range_of(ranges[n], ctx.index_sets)
+            if absolute or len(oidx) != len(shape) or (lo, hi) == (1, shape[k]):
+                rows.append((lo, hi))
+            elif hi - lo + 1 == shape[k]:
+                rows.append((1, shape[k]))
+                subst[n] = add(n, lo - 1)
+            elif hi == lo:
+                rows.append((1, shape[k]))
+                subst[n] = lo
+            else:
+                raise JacError("invalid_document",
+                               f"an aggregate's output index `{n}` ranges over [{lo}, {hi}] "
+                               f"({hi - lo + 1} elements) for an axis of {shape[k]}; an aggregate's "
+                               "result is placed from 1 and only a one-element axis broadcasts "
+                               "(place a sub-range with `makearray`)")
         elif k < len(shape):
             rows.append((1, shape[k]))
         else:
             raise JacError("unsupported_construct", f"output index `{n}` has no range")
-    return oidx, rows, ranges
+    body = substitute(e.body, subst) if subst else e.body
+    return oidx, rows, ranges, body
 
 
-def _aggregate(out, e: Node, v, ctx, shape_u, scale) -> None:
-    oidx, rows, ranges = aggregate_box(e, ctx, shape_u)
+def _aggregate(out, e: Node, v, ctx, shape_u, scale, absolute: bool = False) -> None:
+    oidx, rows, ranges, body0 = aggregate_box(e, ctx, shape_u, absolute=absolute)
     cnames = sorted(n for n in ranges if n not in oidx)
     crange = tuple((n, *range_of(ranges[n], ctx.index_sets)) for n in cnames)
     cset = frozenset(cnames)
-    for rows2, body in clip_regions(e.body, oidx, rows):
+    for rows2, body in clip_regions(body0, oidx, rows):
         rows2 = tuple(tuple(r) for r in rows2)
         for s in sorted_sites(body, v):
             d = dscalar(body, s)
@@ -239,7 +357,11 @@ def _makearray(out, e: Node, v, ctx, scale) -> None:
                         and len(val.attr("output_idx") or ()) == len(rows))
             sub_shape = tuple(hi - lo + 1 for lo, hi in rows) if fullrank else \
                 tuple(rows[k][1] - rows[k][0] + 1 for k in nonsing)
-            _array(sub, val, v, ctx, sub_shape, scale)
+            sctx = ctx.sub(range(len(rows)) if fullrank else nonsing)
+            if isinstance(val, Node) and val.op == AGG:
+                _aggregate(sub, val, v, sctx, sub_shape, scale, absolute=True)
+            else:
+                _array(sub, val, v, sctx, sub_shape, scale)
             if isinstance(val, Node) and val.op == AGG:
                 vr = dict(val.attr("ranges") or ())
                 origins = [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1
@@ -287,26 +409,37 @@ def push_index(e, idx: list, ctx: Ctx):
     if isinstance(e, str):
         if not ctx.is_array(e):
             return e
-        same_rank(e, len(idx), ctx)
-        return node("index", [e, *idx])
+        return node("index", [e, *aligned(e, idx, ctx)])
     if isinstance(e, Node):
-        if e.op in (AGG, "makearray", "index"):
+        if e.op == "broadcast":
+            return push_index(unbroadcast(e), idx, ctx)
+        if e.op == AGG:
+            return _agg_at(e, idx, ctx)
+        if e.op in ("makearray", "index"):
             raise JacError("unsupported_construct",
                            f"cannot push an index into `{e.op}` nested under an elementwise op")
         return map_children(e, lambda x: push_index(x, idx, ctx))
     return e
 
 
-def same_rank(name: str, rank: int, ctx: Ctx) -> None:
-    """A bare array operand must have the rank of the array it is combined
-    with; bare-axis broadcasting (aligning axes by index-set name, esm-spec
-    §4.7) is not expressed by the calculus, and a silent positional read
-    would be wrong."""
-    have = len(ctx.shapes.get(name, ()))
-    if have != rank:
+def _agg_at(e: Node, idx: list, ctx: Ctx):
+    """An aggregate operand of an elementwise op, read at the target's point
+    ``idx`` (β-reduction): its output indices bound to the target's aligned
+    names. Only a whole-axis map (every output range from 1, nothing
+    contracted, no filter or other semiring) reads that simply."""
+    oidx = list(e.attr("output_idx") or ())
+    ranges = dict(e.attr("ranges") or ())
+    plain = (oidx and all(isinstance(n, str) for n in oidx) and set(ranges) <= set(oidx)
+             and e.attr("filter") is None and e.attr("reduce") in (None, "+")
+             and e.attr("semiring") in (None, "sum_product") and not e.attr("join")
+             and e.attr("key") is None and not e.attr("arg")
+             and all(range_of(ranges[n], ctx.index_sets)[0] == 1 for n in oidx if n in ranges))
+    if not plain:
         raise JacError("unsupported_construct",
-                       f"bare array `{name}` (rank {have}) is broadcast against a rank-{rank} array; "
-                       "bare-axis broadcasting is not compiled (index it explicitly in an faq)")
+                       "cannot push an index into `aggregate` nested under an elementwise op "
+                       "(it contracts, filters or starts past 1)")
+    sub = aligned(_axis_sets(e), idx, ctx, len(oidx))
+    return substitute(e.body, dict(zip(oidx, sub)))
 
 
 def normalize_band(b: Band) -> Band:

@@ -38,7 +38,7 @@ from ..model.expr import (AGG, Node, free_names, iter_children, map_children, no
                           substitute, to_wire)
 from ..model.layout import ModelLayout, model_layout
 from ..model.load import SystemView
-from .lowering import rhs_pieces
+from .lowering import Piece, rhs_pieces
 
 __all__ = ["Field", "EvalDoc", "jacobian_doc", "rhs_doc"]
 
@@ -306,7 +306,6 @@ def _unpin(e, lay: ModelLayout, lits: tuple, names: tuple):
 
 
 def _lane_piece(lay: ModelLayout, p):
-    from .lowering import Piece
     rows, pins = _box_rows(lay, p.rows, p.pins)
     if not all(isinstance(x, str) for x in pins):
         return p                   # not pointwise: stays global

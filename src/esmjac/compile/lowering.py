@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..calculus import context
-from ..calculus.bands import Ctx, same_rank, aggregate_box, is_array_expr, place_subregion, push_index
+from ..calculus.bands import (Ctx, aggregate_box, aligned, is_array_expr, place_subregion,
+                              push_index, unbroadcast)
 from ..calculus.inline import inline_observed, range_of, region_bound
 from ..errors import JacError, in_equation
 from ..model.expr import AGG, Node, free_names, mul, node, op, substitute
@@ -61,7 +62,7 @@ def rhs_pieces(view: SystemView) -> list:
                     raise JacError("unsupported_construct", f"array-valued right-hand side for scalar `{u}`")
                 found.append(((), (), rhs))
             else:
-                _walk(found, rhs, ctx, tuple(shape), ())
+                _walk(found, rhs, ctx.walking(u), tuple(shape), ())
         for rows, pins, e in found:
             out.append(Piece(u, tuple(tuple(r) for r in rows), tuple(pins), e))
     return out
@@ -78,9 +79,8 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
         out.append((rows, names, mul(e, *scale)))
         return
     if isinstance(e, str):
-        same_rank(e, len(shape), ctx)
         rows, names = _full(shape)
-        out.append((rows, names, mul(node("index", [e, *names]), *scale)))
+        out.append((rows, names, mul(node("index", [e, *aligned(e, names, ctx)]), *scale)))
         return
     o = e.op
     if o == "+":
@@ -97,11 +97,13 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
         _walk(out, arr, ctx, shape, scale + tuple(x for x in e.args if not is_array_expr(x, ctx)))
     elif o == "/" and not is_array_expr(e.args[1], ctx):
         _walk(out, e.args[0], ctx, shape, scale + (op("/", 1, e.args[1]),))
+    elif o == "broadcast":
+        _walk(out, unbroadcast(e), ctx, shape, scale)
     elif o == AGG:
         _aggregate(out, e, ctx, shape, scale)
     elif o == "makearray":
         _makearray(out, e, ctx, scale)
-    elif o in ("broadcast", "reshape", "transpose", "concat", "arrayop"):
+    elif o in ("reshape", "transpose", "concat", "arrayop"):
         raise JacError("unsupported_construct", f"`{o}` has no compiled form")
     else:
         # Elementwise over whole arrays: push the index inward.
@@ -110,14 +112,13 @@ def _walk(out: list, e, ctx: Ctx, shape: tuple, scale: tuple) -> None:
         out.append(([(1, n) for n in shape], names, mul(body, *scale)))
 
 
-def _aggregate(out: list, e: Node, ctx: Ctx, shape: tuple, scale: tuple) -> None:
-    oidx, rows, ranges = aggregate_box(e, ctx, shape)
+def _aggregate(out: list, e: Node, ctx: Ctx, shape: tuple, scale: tuple, absolute: bool = False) -> None:
+    oidx, rows, ranges, body = aggregate_box(e, ctx, shape, absolute=absolute)
     if len(oidx) != len(shape):
         raise JacError("unsupported_construct",
                        f"a rank-{len(oidx)} aggregate is broadcast into a rank-{len(shape)} array; "
                        "bare-axis broadcasting is not compiled (give the aggregate every output index)")
     contracted = {n: list(range_of(r, ctx.index_sets)) for n, r in ranges.items() if n not in oidx}
-    body = e.body
     if contracted:
         body = node(AGG, (), body, output_idx=[], reduce="+", ranges=contracted)
     out.append((rows, oidx, mul(body, *scale)))
@@ -137,7 +138,10 @@ def _makearray(out: list, e: Node, ctx: Ctx, scale: tuple) -> None:
         keep = list(range(len(rows))) if fullrank else nonsing
         sub_shape = tuple(rows[k][1] - rows[k][0] + 1 for k in keep)
         sub: list = []
-        _walk(sub, val, ctx, sub_shape, scale)
+        if isinstance(val, Node) and val.op == AGG:
+            _aggregate(sub, val, ctx.sub(keep), sub_shape, scale, absolute=True)
+        else:
+            _walk(sub, val, ctx.sub(keep), sub_shape, scale)
         if isinstance(val, Node) and val.op == AGG:
             vr = dict(val.attr("ranges") or ())
             origins = [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1

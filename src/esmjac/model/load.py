@@ -15,13 +15,16 @@ into a :class:`SystemView` over the calculus's own expression type.
 """
 from __future__ import annotations
 
+import itertools
+import math
+
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import JacError
-from .expr import from_ast, lhs_state
+from .expr import AGG, Node, _thaw, add, from_ast, lhs_state, map_children, node, substitute
 from .validate import validate_view
 
 __all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state", "integrated_states"]
@@ -100,6 +103,82 @@ def load_file(source: Any):
     raise JacError("load_error", f"cannot load a {type(source).__name__} as an .esm document")
 
 
+def unfilter(e):
+    """``e`` with every filtered sum written as a gated sum: an aggregate
+    ``Σ_{j : filter} body`` (``reduce: "+"``, esm-spec §5.4 ``filter``) is
+    ``Σ_j ifelse(filter, body, 0)`` — the same value, and a form the band
+    calculus, the oracle and the compiler already differentiate and
+    evaluate (a prefix sum ``j <= i`` becomes a triangular band). Other
+    semirings, joins and keyed aggregates keep their filter (refused later)."""
+    if not isinstance(e, Node):
+        return e
+    memo: dict = {}
+
+    def go(x):
+        if not isinstance(x, Node):
+            return x
+        hit = memo.get(x)
+        if hit is not None:
+            return hit
+        y = map_children(x, go)
+        f = y.attr("filter") if y.op == AGG else None
+        if (f is not None and y.attr("reduce") in (None, "+")
+                and y.attr("semiring") in (None, "sum_product")
+                and not y.attr("join") and y.attr("key") is None and not y.attr("arg")):
+            fields = {k: v for k, v in y.extra if k != "filter"}
+            y = node(AGG, y.args, node("ifelse", (f, y.body, 0)), **fields)
+        memo[x] = y
+        return y
+
+    return go(e)
+
+
+#: Most terms a contraction of an observed definition is unrolled into.
+UNROLL_TERMS = 512
+
+
+def _span(r, sizes: dict):
+    """(lo, hi) of a literal or ``{"from": set}`` range, None otherwise."""
+    if isinstance(r, tuple) and r and not isinstance(r[0], tuple):
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in r):
+            if len(r) == 2:
+                return r[0], r[1]
+            if len(r) == 3 and r[1] == 1:
+                return r[0], r[2]
+        return None
+    d = dict(r) if isinstance(r, tuple) else {}
+    if set(d) == {"from"} and d["from"] in sizes:
+        return 1, sizes[d["from"]]
+    return None
+
+
+def unroll_contractions(e, sizes: dict):
+    """An array observed ``F[i] = Σ_j body(i, j)`` (a ``+`` aggregate that
+    contracts some ranges) as ``F[i] = body(i, 1) + … + body(i, n)``. A read
+    ``F[e]`` inlines by binding ``i`` (β-reduction), which on the contracted
+    form would leave ``j`` unbound; unrolled, the read is an ordinary scalar
+    sum the calculus differentiates term by term. Contractions of more than
+    :data:`UNROLL_TERMS` terms, or over ranges not known here, are kept."""
+    if not (isinstance(e, Node) and e.op == AGG and e.attr("output_idx")):
+        return e
+    if (e.attr("reduce") not in (None, "+") or e.attr("semiring") not in (None, "sum_product")
+            or e.attr("filter") is not None or e.attr("join") or e.attr("key") is not None or e.attr("arg")):
+        return e
+    oidx = set(e.attr("output_idx"))
+    ranges = dict(e.attr("ranges") or ())
+    contracted = sorted(n for n in ranges if n not in oidx)
+    if not contracted:
+        return e
+    spans = [_span(ranges[n], sizes) for n in contracted]
+    if any(sp is None for sp in spans) or math.prod(hi - lo + 1 for lo, hi in spans) > UNROLL_TERMS:
+        return e
+    terms = [substitute(e.body, dict(zip(contracted, vals)))
+             for vals in itertools.product(*(range(lo, hi + 1) for lo, hi in spans))]
+    fields = {k: v for k, v in e.extra if k != "ranges"}
+    fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
+    return node(AGG, e.args, add(*terms), **fields)
+
+
 def _sizes(index_sets: dict) -> dict:
     out = {}
     for n, s in (index_sets or {}).items():
@@ -140,7 +219,7 @@ def load_view(source: Any, model: str | None = None) -> SystemView:
 def _load_view(source: Any, model: str | None = None) -> SystemView:
     from earthsci_ast.flatten import FlattenedSystem
 
-    f = load_file(source)
+    f = _lower_tables(load_file(source))
     if isinstance(f, FlattenedSystem):
         return _flat_view(f)
     models = dict(f.models or {})
@@ -165,6 +244,24 @@ def _load_view(source: Any, model: str | None = None) -> SystemView:
     if coupled or len(models) != 1 or _has_subsystems(next(iter(models.values()))):
         return _flat_view(_flatten(f))
     return _single_view(f, next(iter(models)), whole=True)
+
+
+def _lower_tables(f):
+    """``table_lookup`` nodes rewritten as the ``interp.linear`` /
+    ``interp.bilinear`` / ``index`` trees over ``const`` tables they stand for
+    (esm-spec §9.5.3), by earthsci-ast's own build-time lowering: the same
+    tree its problem evaluates, so the same tie and boundary rules. A
+    document with no ``function_tables`` comes back unchanged."""
+    from earthsci_ast.flatten import FlattenedSystem
+    from earthsci_ast.lower_table_lookup import lower_flattened_table_lookups, lower_table_lookups
+    try:
+        if isinstance(f, FlattenedSystem):
+            return lower_flattened_table_lookups(f)
+        return lower_table_lookups(f)
+    except (ValueError, KeyError, TypeError) as exc:
+        code = getattr(exc, "code", None)
+        raise JacError("invalid_document",
+                       f"a `table_lookup` could not be lowered ({getattr(code, 'value', code) or type(exc).__name__}): {exc}") from exc
 
 
 def _single_view(f, name: str, whole: bool = False) -> SystemView:
@@ -253,8 +350,8 @@ def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
                                    getattr(var, "element_type", None))
     eqs = []
     for eq in m.equations:
-        eqs.append((from_ast(eq.lhs), from_ast(eq.rhs)))
-    observed = {n: from_ast(r) for n, r in defs_bare.items()}
+        eqs.append((from_ast(eq.lhs), unfilter(from_ast(eq.rhs))))
+    observed = {n: unroll_contractions(unfilter(from_ast(r)), sizes) for n, r in defs_bare.items()}
     dom = getattr(f, "domain", None)
     et = getattr(dom, "element_type", None) if dom is not None else None
     return SystemView(name, variables, tuple(eqs), sizes, observed,
@@ -265,7 +362,7 @@ def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
 def _flat_view(flat) -> SystemView:
     sizes = _sizes(flat.index_sets)
     lifted = dict(getattr(flat, "lifted_shapes", {}) or {})
-    eqs = [(from_ast(eq.lhs), from_ast(eq.rhs)) for eq in flat.equations]
+    eqs = [(from_ast(eq.lhs), unfilter(from_ast(eq.rhs))) for eq in flat.equations]
     # The 1.0.0 model, re-derived from the equations themselves: states are
     # D-targets, observed are bare-LHS definitions of non-states.
     integrated = integrated_states(flat)
@@ -273,7 +370,7 @@ def _flat_view(flat) -> SystemView:
     observed = {}
     for lhs, rhs in eqs:
         if isinstance(lhs, str) and lhs not in states and lhs not in observed:
-            observed[lhs] = rhs
+            observed[lhs] = unroll_contractions(rhs, sizes)
     variables = {}
     for group, default_kind in ((flat.state_variables, "algebraic"),
                                 (flat.observed_variables, "observed"),

@@ -14,7 +14,10 @@ set, variable or equation (its state, or its position in the document):
   would be clamped) or with the wrong number of indices;
 * operators with the wrong number of arguments (``ifelse`` with two,
   ``index`` with none, ``exp`` with two …);
-* literals that are not finite or not representable as a float64.
+* literals that are not finite or not representable as a float64;
+* an unknown with no defining equation and no default (esm-spec §4.9.4,
+  ``equation_count_mismatch``): earthsci-ast 0.5 integrates it from zero,
+  but the document does not say what it is.
 """
 from __future__ import annotations
 
@@ -62,6 +65,7 @@ def validate_view(view) -> None:
     _index_sets(view)
     _names(view)
     _duplicates(view)
+    _undefined(view)
     shapes = {n: v.shape for n, v in view.variables.items()}
     scalars = {n for n, v in view.variables.items() if v.kind in ("state", "parameter") and not v.shape}
     for k, (lhs, rhs) in enumerate(view.equations):
@@ -117,6 +121,31 @@ def _duplicates(view) -> None:
                               f"{k + 1}) over the same elements; they would be summed. Merge them "
                               "into one equation")
         seen.setdefault(s, []).append((k, cover))
+
+
+def _undefined(view) -> None:
+    defined = set(view.observed) | set(view.indexed_observed)
+    for lhs, _ in view.equations:
+        if isinstance(lhs, str):
+            defined.add(lhs)
+            continue
+        s = lhs_state(lhs)
+        if s is not None:
+            defined.add(s)
+        elif isinstance(lhs, Node) and lhs.op == "ic" and lhs.args and isinstance(lhs.args[0], str):
+            defined.add(lhs.args[0])
+        elif isinstance(lhs, Node) and lhs.op == AGG and isinstance(lhs.body, Node):
+            a = lhs.body.args[0] if lhs.body.op in ("index", "ic") and lhs.body.args else lhs.body
+            while isinstance(a, Node) and a.op == "index" and a.args:
+                a = a.args[0]
+            if isinstance(a, str):
+                defined.add(a)
+    missing = sorted(n for n, v in view.variables.items()
+                     if v.kind in ("state", "algebraic") and v.default is None and n not in defined)
+    if missing:
+        raise _refuse(f"unknown(s) {', '.join(f'`{view.scope}{n}`' for n in missing)} have no defining "
+                      "equation and no default (esm-spec §4.9.4: equation_count_mismatch); give each an "
+                      "equation, or a default if it is a constant")
 
 
 def _expression(root, shapes: dict, scalars: set, where: str) -> None:
