@@ -22,13 +22,15 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import JacError
+from ..runtime import checks
+from ..runtime import kernels as K
+from ..runtime.threads import numba_threads
 
 __all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
            "AUTO_LANES_PER_THREAD"]
@@ -138,21 +140,6 @@ def _thread_count(threads, lanes: int) -> int:
     return min(int(threads), cap)
 
 
-@contextmanager
-def _one_numba_thread():
-    """The compiled kernels' one-thread twins for the enclosed calls (numba's
-    thread count is thread-local; restored afterwards)."""
-    import numba
-    prev = numba.get_num_threads()
-    if prev != 1:
-        numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if prev != 1:
-            numba.set_num_threads(prev)
-
-
 def _one_thread_pool_init() -> None:
     import numba
     numba.set_num_threads(1)
@@ -222,7 +209,7 @@ class _Bound:
                 if slabs[0].size < jac.n_fields * m:          # a replay of more lanes than planned
                     slabs[0] = np.zeros(jac.n_fields * m)
                 jac._run(jk, u, p, t, fz, slabs[0], hj, cix, m)
-                plan.scatter(slabs[0], m, out)
+                K.scatter(plan, slabs[0], m, out)
         self.jac = j
 
 
@@ -315,8 +302,7 @@ class RosenbrockLeaf:
 
     @staticmethod
     def _rtol(rtol) -> float:
-        from ..integrators.rosenbrock import positive_number
-        return positive_number("rtol", rtol, "bad_option")
+        return checks.positive("rtol", rtol, "bad_option")
 
     def _atol(self, atol) -> np.ndarray:
         n = self.n_species
@@ -353,8 +339,7 @@ class RosenbrockLeaf:
             if h0.ndim != 1 or not np.all(h0 > 0) or not np.all(np.isfinite(h0)):
                 raise JacError("bad_argument", "h0 must be positive (a number or one value per lane)")
             return np.ascontiguousarray(h0, dtype=np.float64)
-        from ..integrators.rosenbrock import positive_number
-        return positive_number("h0", h0)
+        return checks.positive("h0", h0)
 
     def lanes_of(self, u) -> int:
         """The lane count of a state vector (``u.size // n_species``)."""
@@ -450,7 +435,7 @@ class RosenbrockLeaf:
             return sc
         from ..integrators.lanestep import LaneStepper
         from ..linalg.sparse_lu import CHUNK
-        from ..runtime.programs import lane_cells
+        from ..runtime.workspace import lane_cells
         unit = CHUNK if self.tile is None else int(self.tile)
         per = -(-L // nthreads)
         per = -(-per // unit) * unit
@@ -572,7 +557,7 @@ class RosenbrockLeaf:
 
     @staticmethod
     def _run_one(stepper, args, block, rest) -> None:
-        with _one_numba_thread():
+        with numba_threads(1):       # one worker thread per lane block
             stepper.run(*args, block[0], block[1], *rest)
 
     # -- standalone integration --------------------------------------------
@@ -615,12 +600,7 @@ class RosenbrockLeaf:
         ``rtol``/``atol`` override the leaf's for this call. Per-lane
         statistics are summed over the intervals.
         """
-        try:
-            t0, tf = (float(x) for x in t_span)
-        except (TypeError, ValueError):
-            raise JacError("bad_argument", f"t_span must be (t0, tf), got {t_span!r}") from None
-        if not (math.isfinite(t0) and math.isfinite(tf)) or tf < t0:
-            raise JacError("bad_argument", f"t_span must be finite with tf >= t0, got {(t0, tf)}")
+        t0, tf = checks.time_span(t_span)
         te = np.array([tf] if t_eval is None else t_eval, dtype=np.float64).reshape(-1)
         if te.size == 0 or np.any(np.diff(te) < 0) or te[0] < t0 or te[-1] > tf:
             raise JacError("bad_argument", f"t_eval must be increasing inside {(t0, tf)}")
@@ -715,21 +695,27 @@ class RosenbrockLeaf:
         bad = [w for w in wrt if w not in ("state", "parameters")]
         if bad or not wrt:
             raise JacError("bad_option", f"wrt must name 'state' and/or 'parameters', got {wrt!r}")
-        self._check_state("u0", u0, False)
-        L = self.lanes_of(u0)
-        y = u0.copy()
-        records: list = []
-        stats = self._advance(y, t0, dt, forcing, None, None, records)
-        fz, cix = records.pop()
+        L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
         lam = np.array(dphi(y.copy()) if callable(dphi) else dphi, dtype=np.float64).reshape(-1)
         if lam.shape != y.shape or not np.all(np.isfinite(lam)):
             raise JacError("bad_argument", f"dphi must give {y.size} finite values (like u0)")
         sens = self._sensitivities("parameters" in wrt)
         gp = np.zeros(sens.jp.col_size(L)) if sens.jp is not None else None
         lam = np.ascontiguousarray(lam)
-        with _one_numba_thread():
+        with numba_threads(1):
             sens.adjoint(records, lam, fz if fz is not None else np.zeros(1), cix, L, gp)
         return y, lam, (self._unpack_params(gp, L) if gp is not None else None), stats
+
+    def _forward(self, u0, t0, dt, forcing) -> tuple:
+        """The recorded forward solve both sensitivity directions start from:
+        (lanes, final state, statistics, step records, last forcing, lane map)."""
+        self._check_state("u0", u0, False)
+        L = self.lanes_of(u0)
+        y = u0.copy()
+        records: list = []
+        stats = self._advance(y, t0, dt, forcing, None, None, records)
+        fz, cix = records.pop()
+        return L, y, stats, records, fz, cix
 
     def tangent(self, u0: np.ndarray, t0: float, dt: float, du0=None, dp: Mapping | None = None,
                 forcing=None):
@@ -737,12 +723,7 @@ class RosenbrockLeaf:
         ``t0 + dt`` along ``du0`` (like ``u0``; None = 0) and ``dp`` (a dict
         over :attr:`parameter_columns`: a number, or per lane for per-cell
         columns). Returns ``(y_final, dy_final, stats)``."""
-        self._check_state("u0", u0, False)
-        L = self.lanes_of(u0)
-        y = u0.copy()
-        records: list = []
-        stats = self._advance(y, t0, dt, forcing, None, None, records)
-        fz, cix = records.pop()
+        L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
         dy = np.zeros_like(y) if du0 is None else np.array(du0, dtype=np.float64).reshape(-1)
         if dy.shape != y.shape:
             raise JacError("bad_argument", f"du0 must have {y.size} values (like u0)")
@@ -763,7 +744,7 @@ class RosenbrockLeaf:
                     raise JacError("unresolvable_column", f"unknown parameter column {k!r}; "
                                    f"columns: {', '.join(lane_vars + glob_vars)}")
         dy = np.ascontiguousarray(dy)
-        with _one_numba_thread():
+        with numba_threads(1):
             sens.tangent(records, dy, dpv, fz if fz is not None else np.zeros(1), cix, L)
         return y, dy, stats
 

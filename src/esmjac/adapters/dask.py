@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
+from ..runtime import checks
 from ..layouts.types import untile
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
@@ -279,7 +280,7 @@ def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray | None:
     cell indices (template specs: the workspace's own map then serves)."""
     if spec.template:
         return None
-    from ..runtime.programs import lane_cells
+    from ..runtime.workspace import lane_cells
     return lane_cells(spec.cell_shape, lanes, np.arange(start, start + lanes))
 
 
@@ -913,12 +914,7 @@ def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "
     (``u`` is converted). ``atol``: None = the leaf's default from the
     document's initial state, a number, or one value per species."""
     m, inp, f, pv = _prepare(source, u, model, forcing, p)
-    try:
-        t0, t1 = (float(x) for x in t_span)
-    except (TypeError, ValueError):
-        raise JacError("bad_argument", f"t_span must be (t0, t1), got {t_span!r}") from None
-    if not (np.isfinite(t0) and np.isfinite(t1)) or t1 < t0:
-        raise JacError("bad_argument", f"t_span must be finite with t1 >= t0, got {(t0, t1)}")
+    t0, t1 = checks.time_span(t_span)
     if atol is None:
         at = _default_atol(m.spec.document(), model, m.species)
     else:
@@ -947,8 +943,6 @@ def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "
 
 # ---------------------------------------------------------------- plugin
 
-
-
 @hookimpl
 def esmjac_adapter() -> Adapter:
     need = ("dask", "distributed", "xarray")
@@ -957,9 +951,7 @@ def esmjac_adapter() -> Adapter:
     kinds = {"dask.arrays": model}
     if not missing:
         return Adapter("dask", version, kinds, True,
-                           f"dask {version}, distributed {dist_version('distributed')}, "
-                           f"xarray {dist_version('xarray')}")
+                       f"dask {version}, distributed {dist_version('distributed')}, "
+                       f"xarray {dist_version('xarray')}")
     return Adapter("dask", version, kinds, False,
-                       f"{', '.join(missing)} not installed; pip install 'esmjac[dask]'")
-
-
+                   f"{', '.join(missing)} not installed; pip install 'esmjac[dask]'")

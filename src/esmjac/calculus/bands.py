@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, _thaw, add, free_names, is_zero, iter_children, map_children, mul, node, op,
+from ..model.expr import (AGG, Node, _thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
                           substitute)
 from .clip import clip_regions
 from .inline import range_of, region_bound
@@ -88,18 +88,6 @@ def sorted_sites(e, v: str) -> list:
             continue
         stack.extend(iter_children(x))
     return [found[k] for k in sorted(found)]
-
-
-def is_array_expr(e, ctx: Ctx) -> bool:
-    if isinstance(e, str):
-        return ctx.is_array(e)
-    if not isinstance(e, Node):
-        return False
-    if e.op in (AGG, "makearray", "arrayop", "broadcast", "reshape", "transpose", "concat"):
-        return True
-    if e.op == "index":
-        return False
-    return any(is_array_expr(x, ctx) for x in e.args)
 
 
 def bands(rhs, v: str, ctx: Ctx, shape_u=()) -> list:

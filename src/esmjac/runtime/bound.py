@@ -18,12 +18,20 @@ the same per-lane arithmetic, so its bits equal the parallel kernel's.
 """
 from __future__ import annotations
 
+import inspect
+import textwrap
 from typing import Callable
 
+import numba
 import numpy as np
 
+from ..compile.cache import load_source
 from ..compile.codegen import tile_scratch
+from ..compile.tape import run_tape
 from ..errors import JacError
+from . import checks
+from . import kernels as K
+from .workspace import lane_cells
 
 __all__ = ["BoundJacobian", "BoundRhs", "SERIAL_BELOW"]
 
@@ -45,10 +53,7 @@ def serial_twin(fn):
     kernel cache by content hash, like the model kernels."""
     tw = _TWINS.get(fn)
     if tw is None:
-        import inspect
-        import textwrap
 
-        from ..compile.cache import load_source
         py = fn.py_func
         lines = textwrap.dedent(inspect.getsource(py)).splitlines()
         body = "\n".join(x for x in lines if not x.startswith("@")).replace("nb.prange(", "range(")
@@ -68,17 +73,17 @@ _DRIVERS: dict = {}
 
 def serial_driver(mod, calls: tuple):
     """One compiled entry for a small call: ``drive(u, f, p, t, h, cix,
-    out, L[, S]) -> number of non-finite outputs`` (``S``: the tile scratch) runs the prologue, the serial
-    chunks ``calls`` (``(name, "cell" | "global" | "cellc" | "tile")``) of the
-    generated module ``mod`` and the non-finite scan (``cellc``/``tile``
-    chunks count while they store: no scan when all do) in one native call: each Numba dispatch
+    out, L[, S]) -> number of non-finite outputs`` (``S``: the tile scratch)
+    runs the prologue, the serial chunks ``calls`` (``(name, "cell" |
+    "global" | "cellc" | "tile")``) of the generated module ``mod`` and the
+    non-finite scan (``cellc``/``tile`` chunks count while they store: no
+    scan when all do) in one native call: each Numba dispatch
     from Python costs about a microsecond, as much as a one-cell kernel.
     Generated next to the kernels by content hash (the module name is that
     hash), so it never outlives the kernels it calls."""
     key = (mod.__name__, calls)
     d = _DRIVERS.get(key)
     if d is None:
-        from ..compile.cache import load_source
         lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
                  "import sys as _sys", "import numba as nb", "import numpy as np",
                  f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
@@ -101,7 +106,6 @@ def serial_driver(mod, calls: tuple):
 
 def _refuse(name: str, x, n: int, dtype) -> None:
     """The typed error for an argument that failed the cheap checks."""
-    from . import checks
     checks.vector(name, x, n, dtype, out=name == "out")
     raise JacError("bad_argument", f"`{name}` does not fit this binding")   # pragma: no cover
 
@@ -133,7 +137,6 @@ class _Bound:
         else:
             f0 = prog._forcing_default(self.lanes)
             self._f_none = None if f0 is None else np.ascontiguousarray(f0, dtype=self.dtype)
-        from . import kernels as K
         self._scan = serial_twin(K.count_nonfinite) if self.serial else K.count_nonfinite
 
     def _args(self, u, p, t, forcing, out) -> tuple:
@@ -171,7 +174,6 @@ class _Bound:
         if not out.flags.writeable:
             raise JacError("bad_argument", "`out` is read-only; pass a writable array")
         if t.__class__ is not float or not (t - t == 0.0 or t != t):
-            from . import checks
             t = checks.time(t)
         pv = p if (p is self._p_src and p is not None) else self._params(p)
         if forcing is None:
@@ -194,7 +196,6 @@ class _Bound:
     def _params(self, p) -> np.ndarray:
         if p is self._p_src and p is not None:
             return p                    # the same float64 array, checked before: read in place
-        from . import checks
         pv = checks.params(p, self.n_p)
         if p.__class__ is np.ndarray and p.dtype == np.float64 and p.flags.c_contiguous:
             self._p_src = p             # arrays only (a list may change under the same identity)
@@ -208,7 +209,6 @@ class _Bound:
         seen = self._seen
         if len(seen) == len(key) and all(a is b for a, b in zip(seen, key)):
             return
-        from . import checks
         names = ("u", "p", "forcing", "workspace h", "workspace lane map")
         checks.disjoint({"out": out}, {n: x for n, x in zip(names, ins)})
         self._seen = key
@@ -299,7 +299,6 @@ class BoundJacobian(_Bound):
         if plan.tiled:
             # the slab is lanes-fastest; the tiled layout's padding lanes
             # read the last real lane (the same gather as plan.scatter)
-            from . import kernels as K
             tg = serial_twin(K.tile_gather) if serial else K.tile_gather
             W, P = plan.tile_width(L), int(plan.info["slots_per_lane"])
             ta = (a["ptr"], a["src"], a["a"])
@@ -309,7 +308,6 @@ class BoundJacobian(_Bound):
                 tg(B, L, W, P, *ta, out)
             return body
         if plan.kind == "lane":
-            from . import kernels as K
             gather = serial_twin(K.lane_gather) if serial else K.lane_gather
             ga = (a["ptr"], a["src"], a["a"], a["b"], a["stride"])
 
@@ -318,7 +316,6 @@ class BoundJacobian(_Bound):
                 gather(B, L, *ga, out)
             return body
         if plan.kind == "point" and set(a) >= {"ptr", "src", "pos"}:
-            from . import kernels as K
             pg = serial_twin(K.point_gather) if serial else K.point_gather
             pa = (a["ptr"], a["src"], a["pos"])
             zero = bool(plan.info.get("zero_first"))
@@ -329,27 +326,26 @@ class BoundJacobian(_Bound):
                     out[:] = 0
                 pg(B, *pa, out)
             return body
-        scatter = plan.scatter
 
         def body(u, p, t, f, out):
             run(u, p, t, f, B)
-            scatter(B, L, out)
+            K.scatter(plan, B, L, out)
         return body
 
     def _tape_body(self) -> Callable:
         """Direct slot stores of the tape engine (a tiled plan): the prologue
         tape into ``h``, then the plan's body tape over every stored lane."""
-        from ..compile.tape import run_tape
         prog, plan, L = self.prog, self.plan, self.lanes
-        run_tape = serial_twin(run_tape) if self.serial else run_tape
-        pro, tb, zs = prog._fused_tape(plan)
+        tape = serial_twin(run_tape) if self.serial else run_tape
+        ft = prog._fused_tape(plan)
+        pro, tb, zs = ft.prologue, ft.body, ft.zero_slots
         h, cix = self._h, self._cix
         W, P, C = plan.tile_width(L), int(plan.info["slots_per_lane"]), plan.capacity(L)
         pc, pk, pn, bc, bk, bn = pro.code, pro.consts, pro.nreg, tb.code, tb.consts, tb.nreg
 
         def body(u, p, t, f, out):
-            run_tape(pc, pk, u, f, p, t, h, cix, h, 1, pn, 0, 0, 1, _NO_SLOTS)
-            run_tape(bc, bk, u, f, p, t, h, cix, out, L, bn, W, P, C, zs)
+            tape(pc, pk, u, f, p, t, h, cix, h, 1, pn, 0, 0, 1, _NO_SLOTS)
+            tape(bc, bk, u, f, p, t, h, cix, out, L, bn, W, P, C, zs)
         return body
 
     def _warm(self) -> None:
@@ -380,20 +376,16 @@ class BoundJacobian(_Bound):
         ws = self.ws
         ws.last_dtype = self._last_dtype
         ws.last_plan = self._fp
-        sec = ws.second
-        if sec:
-            sec.pop("state", None)
-            sec.pop("point", None)
+        ws.point = None
         if self.keep_point:
             pu, pp, pf = self._pt
             np.copyto(pu, u)
             np.copyto(pp, pv)
             np.copyto(pf, f)
-            sec["point"] = (pu, pp, t, pf)
+            ws.point = (pu, pp, t, pf)
         if bad is None:
             bad = self._scan(out)
         if bad:
-            from . import checks
             checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
 
@@ -403,7 +395,6 @@ class _OneLane:
     dtype, tiny arrays)."""
 
     def __init__(self, b: BoundJacobian):
-        from .programs import lane_cells
         prog, plan = b.prog, b.plan
         self.b = b
         self.u = np.ones(prog.u_size(1), dtype=b.dtype)
@@ -425,13 +416,12 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
     """``run(u, p, t, f, out)`` of a program kernel (codegen or tape) into
     its own output (the RHS, or a Jacobian's band slab)."""
     if kern.engine == "tape":
-        from ..compile.tape import run_tape
-        run_tape = serial_twin(run_tape) if serial else run_tape
+        tape = serial_twin(run_tape) if serial else run_tape
         pro, body = kern.tapes
 
         def run(u, p, t, f, out):
-            run_tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-            run_tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, _NO_SLOTS)
+            tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
+            tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, _NO_SLOTS)
         return run
     mod = kern.module()
     pro = mod.prologue
@@ -440,6 +430,7 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
         cell = "cellc" if counts else "cell"
         drive = serial_driver(mod, tuple(("s" + n, cell if k == "cell" else "global")
                                          for n, k in zip(kern.chunks, kern.chunk_kinds)))
+
         def run(u, p, t, f, out):
             return drive(u, f, p, t, h, cix, out, L)
         return run
@@ -453,7 +444,7 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
         bad = 0
         for fn, is_cell in (ser if nthreads() == 1 else par):
             if is_cell:
-                bad += fn(u, f, h, cix, out, L)
+                bad += fn(u, f, h, cix, out, L) or 0
             else:
                 fn(u, f, h, out)
         return bad if counts else None
@@ -462,7 +453,6 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
 
 def _num_threads() -> Callable:
     """numba's (thread-local) thread count reader, resolved once."""
-    import numba
     return numba.get_num_threads
 
 
@@ -482,8 +472,7 @@ class BoundRhs(_Bound):
             raise JacError("bad_argument", "lanes must be >= 1")
         self._setup(prog, lanes, prog.dtype if dtype is None else dtype, prog.u_size(int(lanes)))
         if scratch is not None:
-            from . import checks
-            checks.workspace(scratch, prog._owner, "scratch", prog.kernel.n_hoist,
+            checks.workspace(scratch, prog.owner, "scratch", prog.kernel.n_hoist,
                              prog.layout.cell_shape if prog.kind == "cell" else None)
         sc = scratch if scratch is not None else prog.new_buffers(self.lanes)
         self._h, self._cix = sc.h, sc.cix
@@ -494,7 +483,6 @@ class BoundRhs(_Bound):
             f = self._f_none if self._f_none is not None else np.ones(max(self.n_f, 1), dtype=self.dtype)
             out = np.zeros(self.n_u, dtype=self.dtype)
             if prog.kind == "cell" and self.lanes > 1:
-                from .programs import lane_cells
                 one = _rhs_like_runner(prog.kernel, self.serial, 1, self._h.copy(),
                                        lane_cells(prog.layout.cell_shape, 1))
                 one(u[:prog.u_size(1)].copy(), np.ones(self.n_p), 0.0,
@@ -512,6 +500,5 @@ class BoundRhs(_Bound):
         if bad is None:
             bad = self._scan(out)
         if bad:
-            from . import checks
             checks.report_nonfinite(out, (u, pv, f), t, "right-hand side")
         return out
