@@ -96,7 +96,8 @@ def c1_fixed_cost(samples: int) -> list:
     order = plan.info["ordering"]
     inv = {s: i for i, s in enumerate(order)}
     slot = {tuple(rc): q for q, rc in enumerate(plan.info["lu_pattern"])}
-    ours = np.array([out[slot[(inv[a], inv[b])]] for a, b in hr.pattern])
+    W1 = plan.tile_width(1)                                # slot q of the one lane at q*W
+    ours = np.array([out[slot[(inv[a], inv[b])] * W1] for a, b in hr.pattern])
     assert np.allclose(ours, hout, rtol=1e-12, atol=0), "Jacobian disagrees with the hand-rolled kernel"
     # a box mechanism as a 1-lane cell program: the same call
     bdoc = box(json.loads(TROPO12.read_text()))
@@ -107,7 +108,13 @@ def c1_fixed_cost(samples: int) -> list:
     outb = np.zeros(pb.out_size(1))
     run_jb(u, rb.p0, 0.0, f, outb)
     assert np.array_equal(outb, out)
+    pn = j.plan(LaneSparseBlocks(tile=None))              # one lane stored, not one tile of 16
+    run_jn = j.bind(pn, j.new_workspace(1, keep_slab=False))
+    outn = np.zeros(pn.out_size(1))
+    run_jn(u, r.p0, 0.0, f, outn)
+    assert np.array_equal(outn, out[::plan.tile_width(1)])
     t = _interleaved({
+        "bound eval_into tile=None": lambda: run_jn(u, r.p0, 0.0, f, outn),
         "bound eval_into": lambda: run_j(u, r.p0, 0.0, f, out),
         "bound eval_into (box)": lambda: run_jb(u, rb.p0, 0.0, f, outb),
         "bound eval_into (slab)": lambda: run_js(u, r.p0, 0.0, f, out),
@@ -123,6 +130,8 @@ def c1_fixed_cost(samples: int) -> list:
         _line("C1", rj <= 3.0, f"fixed cost at 1 cell: bound eval_into / hand-rolled = {rj:.2f} "
               f"(target <= 3; {_us(t['bound eval_into'])} vs {_us(t['hand-rolled jac'])}; box program "
               f"{_us(t['bound eval_into (box)'])}; with a band slab {_us(t['bound eval_into (slab)'])}; "
+              f"LaneSparseBlocks(tile=None), one lane instead of a tile of 16: "
+              f"{_us(t['bound eval_into tile=None'])}; "
               f"unbound eval_into {_us(t['eval_into'])})"),
         _line("C1", rr <= 3.0, f"fixed cost at 1 cell: bound RHS / hand-rolled = {rr:.2f} "
               f"(target <= 3; {_us(t['bound rhs'])} vs {_us(t['hand-rolled rhs'])}; unbound "
@@ -138,7 +147,7 @@ def c2_scipy_adapter(samples: int, cells: int = 10_000) -> list:
     from esmjac.models.mechanism import lift
 
     doc = lift(json.loads(TROPO12.read_text()), cells)
-    prob = ivp(doc)
+    prob = ivp(doc, threads=1)                 # one thread, as every route here (not "auto")
     r, j = prob.rhs, prob.jacobian
     rng = np.random.default_rng(0)
     y = prob.y0 * rng.uniform(0.5, 1.5, prob.y0.size)
