@@ -362,12 +362,7 @@ def _makearray(out, e: Node, v, ctx, scale) -> None:
                 _aggregate(sub, val, v, sctx, sub_shape, scale, absolute=True)
             else:
                 _array(sub, val, v, sctx, sub_shape, scale)
-            if isinstance(val, Node) and val.op == AGG:
-                vr = dict(val.attr("ranges") or ())
-                origins = [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1
-                           for n in (val.attr("output_idx") or ())]
-            else:
-                origins = [1] * len(nonsing)
+            origins = value_origins(val, ctx, len(nonsing))
             for b in sub:
                 ridx, rows2, subst = place_subregion(rows, len(b.ridx) == len(rows), origins,
                                                      b.rows, b.ridx)
@@ -440,6 +435,17 @@ def _agg_at(e: Node, idx: list, ctx: Ctx):
                        "(it contracts, filters or starts past 1)")
     sub = aligned(_axis_sets(e), idx, ctx, len(oidx))
     return substitute(e.body, dict(zip(oidx, sub)))
+
+
+def value_origins(val, ctx: Ctx, axes: int) -> list:
+    """Where the indices of a value placed into a sub-region start: an
+    aggregate's output ranges' lower bounds (1 for an output index without a
+    range), else 1 on each of ``axes`` (shared by the calculus and the RHS
+    lowering, so both place a sub-region the same way)."""
+    if isinstance(val, Node) and val.op == AGG:
+        vr = dict(val.attr("ranges") or ())
+        return [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1 for n in (val.attr("output_idx") or ())]
+    return [1] * axes
 
 
 def normalize_band(b: Band) -> Band:

@@ -404,20 +404,7 @@ def _csc(prog) -> tuple:
                       stride=np.array(stride, _I), csc_rpos=np.array(rpos, _I))
         arrays.update(_fused(arrays, prog.n_fields))
         return "lane", arrays, info, None
-    j, row, col = _points(prog)
-    o = _csr_order(col, row, j.size)
-    r, c, jj = row[o], col[o], j[o]
-    new = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])] if r.size else np.zeros(0, bool)
-    nnz = int(new.sum())
-    ptr = np.r_[np.flatnonzero(new), r.size].astype(_I) if r.size else np.zeros(1, _I)
-    indices = r[new].astype(_I)
-    indptr = np.zeros(prog.n_cols + 1, _I)
-    np.add.at(indptr, c[new] + 1, 1)
-    indptr = np.cumsum(indptr).astype(_I)
-    info = {"shape": [nrows, prog.n_cols], "nnz": nnz, "size": nnz}
-    arrays = dict(ptr=ptr, src=jj.astype(_I), pos=np.arange(nnz, dtype=_I),
-                  indptr=indptr, indices=indices)
-    return "point", arrays, info, 1
+    return _compressed_points(prog, nrows, by_column=True)
 
 
 def _plain(x):
@@ -569,21 +556,27 @@ def _csr(prog) -> tuple:
                       stride=np.array(stride, _I), csr_clane=clane, csr_cpos=cpos)
         arrays.update(_fused(arrays, prog.n_fields))
         return "lane", arrays, info, None
+    return _compressed_points(prog, nrows, by_column=False)
+
+
+def _compressed_points(prog, nrows: int, by_column: bool) -> tuple:
+    """A point plan in compressed order: ``(kind, arrays, info, lanes)``
+    with SciPy's CSR (``by_column=False``: rows major) or CSC (columns
+    major) ``indptr``/``indices``; the bands of one entry are summed in
+    field order (``ptr``/``src``), each entry stored once (``pos``)."""
     j, row, col = _points(prog)
-    o = _csr_order(row, col, j.size)
-    r, c, jj = row[o], col[o], j[o]
-    new = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])] if r.size else np.zeros(0, bool)
-    slot = np.cumsum(new) - 1
+    major, minor = (col, row) if by_column else (row, col)
+    o = _csr_order(major, minor, j.size)
+    a, b, jj = major[o], minor[o], j[o]
+    new = np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])] if a.size else np.zeros(0, bool)
     nnz = int(new.sum())
-    ptr = np.r_[np.flatnonzero(new), r.size].astype(_I) if r.size else np.zeros(1, _I)
-    indices = c[new].astype(_I)
-    indptr = np.zeros(nrows + 1, _I)
-    np.add.at(indptr, r[new] + 1, 1)
+    ptr = np.r_[np.flatnonzero(new), a.size].astype(_I) if a.size else np.zeros(1, _I)
+    indptr = np.zeros((prog.n_cols if by_column else nrows) + 1, _I)
+    np.add.at(indptr, a[new] + 1, 1)
     indptr = np.cumsum(indptr).astype(_I)
     info = {"shape": [nrows, prog.n_cols], "nnz": nnz, "size": nnz}
-    del slot
     arrays = dict(ptr=ptr, src=jj.astype(_I), pos=np.arange(nnz, dtype=_I),
-                  indptr=indptr, indices=indices)
+                  indptr=indptr, indices=b[new].astype(_I))
     return "point", arrays, info, 1
 
 

@@ -169,6 +169,12 @@ class _Base:
         return _check_vec("forcing", forcing, n, dtype)
 
 
+def _view_layout(source, model, opts: dict) -> tuple:
+    """The model's view (``source`` loaded, or a view given as it is) and its layout."""
+    view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
+    return view, model_layout(view, opts["per_lane"])
+
+
 def build_key(kind: str, source, model, wrt, opts: dict) -> tuple | None:
     """``(content key, dependency list)`` under which a build of ``source``
     with ``opts`` (checked :data:`PROGRAM_OPTIONS`) is stored, or None when
@@ -288,8 +294,7 @@ class RhsProgram(_Product, _Base):
         t0 = time.perf_counter()
 
         def make():
-            view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view, opts["per_lane"])
+            view, lay = _view_layout(source, model, opts)
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
             kern = compile_doc(doc, opts)
@@ -438,8 +443,7 @@ class JacobianProgram(_Product, _Base):
         t0 = time.perf_counter()
 
         def make():
-            view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view, opts["per_lane"])
+            view, lay = _view_layout(source, model, opts)
             bs = _bandset(view, wrt, lay, opts)
             _stage(opts, f"calculus: {len(bs.entries)} bands ({bs.structure})", t0)
             rdoc = rhs_doc(view, lay)
