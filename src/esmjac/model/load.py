@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JacError
-from .expr import AGG, Node, _thaw, add, from_ast, lhs_state, map_children, node, substitute
+from .expr import AGG, Node, thaw, add, from_ast, lhs_state, map_children, node, substitute
 from .validate import validate_view
 
 __all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state", "integrated_states"]
@@ -175,7 +175,7 @@ def unroll_contractions(e, sizes: dict):
     terms = [substitute(e.body, dict(zip(contracted, vals)))
              for vals in itertools.product(*(range(lo, hi + 1) for lo, hi in spans))]
     fields = {k: v for k, v in e.extra if k != "ranges"}
-    fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
+    fields["ranges"] = {n: thaw(r) for n, r in ranges.items() if n in oidx}
     return node(AGG, e.args, add(*terms), **fields)
 
 
