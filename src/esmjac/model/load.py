@@ -102,8 +102,60 @@ def load_file(source: Any):
     raise JacError("load_error", f"cannot load a {type(source).__name__} as an .esm document")
 
 
-def unfilter(e):
-    """``e`` with every filtered sum written as a gated sum: an aggregate
+def _const_at(table, idx):
+    """``table[idx…]`` (1-based) when every index is an integer literal in
+    range and the entry is a number, else None."""
+    v = table
+    for i in idx:
+        if not (isinstance(i, int) and not isinstance(i, bool) and isinstance(v, tuple) and 1 <= i <= len(v)):
+            return None
+        v = v[i - 1]
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def fold_geometry(e, observed: dict):
+    """``polygon_intersection_area`` (esm-spec §8.6.1) of two constant rings
+    (``const`` literals, or observed defined by one) is a number, computed
+    here by earthsci-ast's own clip and area (the same kernel its problem
+    evaluates). Over rings that move with the state it is left as it is
+    (and refused: the geometry kernel has no derivative rule here)."""
+    if not isinstance(e, Node):
+        return e
+
+    def ring(a):
+        d = observed.get(a) if isinstance(a, str) else a
+        if isinstance(d, Node) and d.op == "const" and isinstance(d.attr("value"), tuple):
+            return _thaw(d.attr("value"))
+        return None
+
+    def go(x):
+        if not isinstance(x, Node):
+            return x
+        y = map_children(x, go)
+        if y.op == "polygon_intersection_area" and len(y.args) == 2 and isinstance(y.attr("manifold"), str):
+            a, b = ring(y.args[0]), ring(y.args[1])
+            if a is not None and b is not None:
+                import numpy as np
+                from earthsci_ast import geometry
+                from earthsci_ast.area_faq import polygon_area_via_faq
+                try:
+                    r = geometry.intersect_polygon(np.asarray(a, float), np.asarray(b, float), y.attr("manifold"))
+                    return float(polygon_area_via_faq(r, y.attr("manifold")))
+                except Exception as exc:      # earthsci-ast's own geometry refusal
+                    raise JacError("invalid_document",
+                                   f"polygon_intersection_area of constant rings failed: {exc}") from exc
+        return y
+
+    return go(e)
+
+
+def normalize_expr(e):
+    """``e`` in the forms the calculus and the compiler read.
+
+    A scalar ``const`` (what earthsci-ast's enum lowering leaves for
+    ``enum(set, symbol)``, esm-spec §9.3) is its literal, and so is a
+    ``const`` table read at literal indices (a categorical lookup). Every filtered sum
+    is written as a gated sum: an aggregate
     ``Σ_{j : filter} body`` (``reduce: "+"``, esm-spec §5.4 ``filter``) is
     ``Σ_j ifelse(filter, body, 0)`` — the same value, and a form the band
     calculus, the oracle and the compiler already differentiate and
@@ -120,6 +172,16 @@ def unfilter(e):
         if hit is not None:
             return hit
         y = map_children(x, go)
+        if y.op == "const" and not y.args:
+            v = y.attr("value")
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                memo[x] = v
+                return v
+        if y.op == "index" and isinstance(y.args[0], Node) and y.args[0].op == "const":
+            v = _const_at(y.args[0].attr("value"), y.args[1:])
+            if v is not None:
+                memo[x] = v
+                return v
         f = y.attr("filter") if y.op == AGG else None
         if (f is not None and y.attr("reduce") in (None, "+")
                 and y.attr("semiring") in (None, "sum_product")
@@ -367,8 +429,10 @@ def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
                                    getattr(var, "element_type", None))
     eqs = []
     for eq in m.equations:
-        eqs.append((from_ast(eq.lhs), unfilter(from_ast(eq.rhs))))
-    observed = {n: unroll_contractions(unfilter(from_ast(r)), sizes) for n, r in defs_bare.items()}
+        eqs.append((from_ast(eq.lhs), normalize_expr(from_ast(eq.rhs))))
+    observed = {n: unroll_contractions(normalize_expr(from_ast(r)), sizes) for n, r in defs_bare.items()}
+    observed = {n: fold_geometry(d, observed) for n, d in observed.items()}
+    eqs = [(lhs, fold_geometry(rhs, observed)) for lhs, rhs in eqs]
     dom = getattr(f, "domain", None)
     et = getattr(dom, "element_type", None) if dom is not None else None
     return SystemView(name, variables, tuple(eqs), sizes, observed,
@@ -379,7 +443,7 @@ def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
 def _flat_view(flat) -> SystemView:
     sizes = _sizes(flat.index_sets)
     lifted = dict(getattr(flat, "lifted_shapes", {}) or {})
-    eqs = [(from_ast(eq.lhs), unfilter(from_ast(eq.rhs))) for eq in flat.equations]
+    eqs = [(from_ast(eq.lhs), normalize_expr(from_ast(eq.rhs))) for eq in flat.equations]
     # The 1.0.0 model, re-derived from the equations themselves: states are
     # D-targets, observed are bare-LHS definitions of non-states.
     integrated = integrated_states(flat)
@@ -388,6 +452,8 @@ def _flat_view(flat) -> SystemView:
     for lhs, rhs in eqs:
         if isinstance(lhs, str) and lhs not in states and lhs not in observed:
             observed[lhs] = unroll_contractions(rhs, sizes)
+    observed = {n: fold_geometry(d, observed) for n, d in observed.items()}
+    eqs = [(lhs, fold_geometry(rhs, observed)) for lhs, rhs in eqs]
     variables = {}
     for group, default_kind in ((flat.state_variables, "algebraic"),
                                 (flat.observed_variables, "observed"),
