@@ -24,7 +24,7 @@ def test_the_sample_holds_our_documents_and_the_shipped_model():
     names = {pathlib.Path(p).name for _, p in SAMPLE}
     assert {"catalyst_species.esm", "two_models.esm", "nested_observed.esm", "ic_from_parameters.esm",
             "state_free_tendency.esm", "bare_broadcast.esm", "interp_tables.esm", "datetime_clock.esm",
-            "aggregate_placement.esm", "function_table.esm", "prefix_sums.esm",
+            "aggregate_placement.esm", "function_table.esm", "prefix_sums.esm", "categorical_geometry.esm",
             "tropo12.esm"} <= names
 
 
@@ -206,6 +206,18 @@ def test_bare_operands_align_by_index_set_name():
             want = np.zeros(len(names))
             want[P(i, j)], want[Q(j)], want[R(j, i)] = -y[Q(j)], -y[P(i, j)], 0.1
             np.testing.assert_allclose(J[row], want, rtol=1e-14, atol=0)
+
+
+def test_categorical_lookup_and_constant_geometry_by_hand():
+    """categorical_geometry.esm: r = [4, 8][sea = 2] = 8, the squares
+    [0,2]x[0,1] and [1,3]x[0.5,2] overlap in 1 x 0.5, so
+    f = 0.5 / 8 - 0.1 x^2 and J = -0.2 x."""
+    from esmjac.adapters.scipy import ivp
+    prob = ivp(DOCS / "categorical_geometry.esm")
+    for x in (2.0, 0.3):
+        y = np.array([x])
+        assert prob.fun(0.0, y)[0] == pytest.approx(0.5 / 8 - 0.1 * x * x, rel=1e-14)
+        assert prob.jac_csr(0.0, y).toarray()[0, 0] == pytest.approx(-0.2 * x, rel=1e-14)
 
 
 def test_table_counts_and_headline():
