@@ -52,8 +52,9 @@ OUTCOMES = ("match", "refusal", "mismatch", "crash", "not_evaluable", "no_states
 #: Above this many state elements the Jacobian is checked on a column sample.
 FULL_FD_BELOW = 300
 SAMPLE_COLUMNS = 40
-#: Above this many elements the reference assembly is not run (it is slow by design).
-ORACLE_BELOW = 300
+#: Above this many elements the reference assembly is not run (it is slow by design;
+#: every evaluable corpus model is below: the largest, 343 elements, assembles in 0.6 s).
+ORACLE_BELOW = 5000
 
 
 @dataclass
