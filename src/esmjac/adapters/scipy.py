@@ -142,15 +142,20 @@ def _route_cell_parameters(lay, p, forcing):
     return ({k: v for k, v in p.items() if k not in moved}, {**(forcing or {}), **moved})
 
 
-def _inputs(r, y0, p, forcing) -> tuple:
+def _inputs(r, y0, p, forcing, source=None, model=None) -> tuple:
     """(y0, p, forcing) flat float64 vectors (forcing None when the model has none).
 
     ``p`` may name per-cell parameters (shape ``[cell]``): they are forcing
     fields of the compiled programs and go there (an array of one value per
-    cell, or a scalar for all)."""
+    cell, or a scalar for all). A ``p`` dict also moves the initial state the
+    document derives from parameters (``ic(w) = 2 A``, parameter-defaulted
+    states), as earthsci-ast's problem does, unless ``y0`` is a full vector."""
     lay = r.layout
+    u0 = r.u0
+    if isinstance(p, dict) and p and source is not None and not (y0 is not None and not isinstance(y0, dict)):
+        u0 = _derived_initial_state(r, source, model, p, u0)
     p, forcing = _route_cell_parameters(lay, p, forcing)
-    y = _fill(r.u0, lay, lay.states, y0, r.u_size(r.cells if r.kind == "cell" else 1), "initial state")
+    y = _fill(u0, lay, lay.states, y0, r.u_size(r.cells if r.kind == "cell" else 1), "initial state")
     pv = _fill(r.p0, lay, lay.params, p, len(lay.params), "parameter vector")
     nf = r.f_size(r.cells if r.kind == "cell" else 1)
     if nf == 0:
@@ -160,6 +165,24 @@ def _inputs(r, y0, p, forcing) -> tuple:
     else:
         f = _fill(r.forcing0, lay, lay.forcing, forcing, nf, "forcing")
     return y, pv, f
+
+
+def _derived_initial_state(r, source, model, p: dict, u0):
+    """The document's initial state under the parameter overrides ``p``
+    (``reference.oracle.resolve_point``: the same rules as the build's
+    defaults); ``u0`` unchanged where the document gives none."""
+    from ..model.load import load_view
+    from ..reference.oracle import resolve_point
+    lay = r.layout
+    view = load_view(source, model)
+    try:
+        pt = resolve_point(view, None, p, 0.0, list(lay.states) + list(lay.all_params))
+    except JacError as exc:
+        if exc.code == "bad_argument" and u0 is None:
+            return None          # still no usable default: _fill says so
+        raise
+    return np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in lay.states]) \
+        if lay.states else np.zeros(0)
 
 
 def _pattern(plan) -> tuple:
@@ -382,7 +405,7 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
         raise JacError("adapter_unavailable",
                        "scipy is not installed; pip install 'scipy>=1.10'") from exc
     r, j, plan = _programs(source, model, build_options)
-    yv, pv, fv = _inputs(r, y0, p, forcing)
+    yv, pv, fv = _inputs(r, y0, p, forcing, source, model)
     rows, cols, n = _pattern(plan)
     lband = uband = None
     ws = j.new_workspace(keep_slab=False)

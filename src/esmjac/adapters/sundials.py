@@ -503,7 +503,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
             raise JacError("bad_option", f"option {k!r} is set by the adapter")
 
     r, j, plan = _programs(source, model, build_options)
-    yv, pv, fv = _inputs(r, y0, p, forcing)
+    yv, pv, fv = _inputs(r, y0, p, forcing, source, model)
     rows, cols, n = _pattern(plan)
     linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
     st: dict = {"error": None, "scratch_user": r.new_buffers(),

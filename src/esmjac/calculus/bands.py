@@ -290,8 +290,8 @@ def aggregate_box(e: Node, ctx, shape, *, absolute: bool = False) -> tuple:
         output_idx = e.attr("output_idx")
     oidx = list(output_idx)
     if e.attr("filter") is not None:
-        # Filtered sums arrive as gated sums (model.load.normalize_expr); what is
-        # left is a filtered extremum, join or keyed aggregate.
+        # Filtered sums arrive as gated sums and small extrema unrolled
+        # (model.load); what is left is a large extremum, a join or a key.
         raise JacError("underivable_operator",
                        f"a filtered reduce={e.attr('reduce') or e.attr('semiring') or '+'!r} aggregate "
                        "(running max/min) has no derivative rule here; filtered sums do")

@@ -177,7 +177,7 @@ def normalize_expr(e):
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 memo[x] = v
                 return v
-        if y.op == "index" and isinstance(y.args[0], Node) and y.args[0].op == "const":
+        if y.op == "index" and y.args and isinstance(y.args[0], Node) and y.args[0].op == "const":
             v = _const_at(y.args[0].attr("value"), y.args[1:])
             if v is not None:
                 memo[x] = v
@@ -238,6 +238,60 @@ def unroll_contractions(e, sizes: dict):
     fields = {k: v for k, v in e.extra if k != "ranges"}
     fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
     return node(AGG, e.args, add(*terms), **fields)
+
+
+#: The empty extremum's value: earthsci-ast's identities are ∓inf, which no
+#: document literal may be (validate refuses non-finite literals); an
+#: extremum over no admitted term is the only place it differs.
+_EMPTY = {"max": -1.7976931348623157e308, "min": 1.7976931348623157e308}
+
+
+def unroll_extrema(e, sizes: dict):
+    """Every ``reduce: "max"``/``"min"`` aggregate (optionally filtered)
+    whose contracted ranges are known and small, as a closed chain of
+    ``max``/``min`` over the admitted terms: with ``f_k`` the filter at the
+    k-th point and ``b_k`` the body, ``acc_k = ifelse(f_k, ifelse(any_{k-1},
+    max(acc_{k-1}, b_k), b_k), acc_{k-1})``. Its derivative is the admitted
+    arg-max term's (the calculus's ``max`` rule), and it needs no infinite
+    identity unless no term is admitted (then :data:`_EMPTY`)."""
+    if not isinstance(e, Node):
+        return e
+    memo: dict = {}
+
+    def go(x):
+        if not isinstance(x, Node):
+            return x
+        if x in memo:
+            return memo[x]
+        y = map_children(x, go)
+        red = y.attr("reduce") if y.op == AGG else None
+        if (red in ("max", "min") and y.attr("semiring") in (None,) and not y.attr("join")
+                and y.attr("key") is None and not y.attr("arg")):
+            oidx = [n for n in (y.attr("output_idx") or ()) if isinstance(n, str)]
+            ranges = dict(y.attr("ranges") or ())
+            contracted = sorted(n for n in ranges if n not in oidx)
+            spans = [_span(ranges[n], sizes) for n in contracted]
+            if contracted and None not in spans and math.prod(hi - lo + 1 for lo, hi in spans) <= UNROLL_TERMS:
+                f = y.attr("filter")
+                acc = anyf = None
+                for vals in itertools.product(*(range(lo, hi + 1) for lo, hi in spans)):
+                    sub = dict(zip(contracted, vals))
+                    b = substitute(y.body, sub)
+                    fk = 1 if f is None else substitute(f, sub)
+                    if acc is None:
+                        acc, anyf = b, fk
+                        continue
+                    step = node(red, (acc, b))
+                    acc = node("ifelse", (fk, node("ifelse", (anyf, step, b)), acc))
+                    anyf = node("or", (anyf, fk)) if f is not None else 1
+                body = acc if f is None else node("ifelse", (anyf, acc, _EMPTY[red]))
+                fields = {k: v for k, v in y.extra if k not in ("ranges", "reduce", "filter")}
+                fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
+                y = node(AGG, y.args, body, **fields) if oidx else body
+        memo[x] = y
+        return y
+
+    return go(e)
 
 
 def lhs_state(lhs) -> str | None:
@@ -429,7 +483,7 @@ def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
                                    getattr(var, "element_type", None))
     eqs = []
     for eq in m.equations:
-        eqs.append((from_ast(eq.lhs), normalize_expr(from_ast(eq.rhs))))
+        eqs.append((from_ast(eq.lhs), unroll_extrema(normalize_expr(from_ast(eq.rhs)), sizes)))
     observed = {n: unroll_contractions(normalize_expr(from_ast(r)), sizes) for n, r in defs_bare.items()}
     observed = {n: fold_geometry(d, observed) for n, d in observed.items()}
     eqs = [(lhs, fold_geometry(rhs, observed)) for lhs, rhs in eqs]
@@ -443,7 +497,8 @@ def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
 def _flat_view(flat) -> SystemView:
     sizes = _sizes(flat.index_sets)
     lifted = dict(getattr(flat, "lifted_shapes", {}) or {})
-    eqs = [(from_ast(eq.lhs), normalize_expr(from_ast(eq.rhs))) for eq in flat.equations]
+    eqs = [(from_ast(eq.lhs), unroll_extrema(normalize_expr(from_ast(eq.rhs)), _sizes(flat.index_sets)))
+           for eq in flat.equations]
     # The 1.0.0 model, re-derived from the equations themselves: states are
     # D-targets, observed are bare-LHS definitions of non-states.
     integrated = integrated_states(flat)
