@@ -35,7 +35,9 @@ $(STAMP_TEST): pyproject.toml | $(VPY) sundials-sys
 demo: $(STAMP_BASE)
 	OPENBLAS_NUM_THREADS=1 $(VPY) -m esmjac demo
 
+# Layer contracts first (pyproject [tool.importlinter]), then the tests.
 test: $(STAMP_TEST)
+	$(VENV)/bin/lint-imports
 	$(VPY) -m pytest -q
 
 # The documentation (the tests build it too, warnings as errors).

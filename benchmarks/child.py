@@ -77,9 +77,10 @@ def main(spec_json: str) -> int:
     elif mode == "stages":
         from esmjac.model.deep import run_deep
         from esmjac.calculus.bandset import BandSet, check_options
-        from esmjac.compile.evaldoc import jacobian_doc, model_layout, rhs_doc
+        from esmjac.compile.engine import ENGINE_OPTIONS, compile_doc
+        from esmjac.compile.evaldoc import jacobian_doc, rhs_doc
+        from esmjac.model.layout import model_layout
         from esmjac.model.load import load_view
-        from esmjac.runtime.programs import PROGRAM_OPTIONS as ENGINE_OPTIONS, _compile as compile_doc
         t0 = time.perf_counter()
         view = run_deep(load_view, path, None)
         t1 = time.perf_counter()

@@ -5,7 +5,7 @@ Every peer works on a *per-cell* chemistry model: ``n`` species on ``L``
 independent cells ("lanes"). The layouts are the benchmark's:
 
 * state ``u[s*L + l]`` — species-major, lanes fastest, species in the
-  model's declaration order of ODE states (``esmjac.reference.oracle.ode_states``);
+  model's declaration order of ODE states (``esmjac.model.layout.ode_states``);
   for a 1-D cell index set this is exactly ``earthsci_ast.evaluate_rhs``'s
   element order ("Chem.O3[1]", …, "Chem.O3[L]", "Chem.O[1]", …);
 * forcing ``forcing[f*L + l]`` — the per-cell (array-shaped) parameters in
@@ -163,7 +163,7 @@ def per_cell_model(source, model: str | None = None) -> PerCellModel:
     from esmjac.calculus.inline import inline_observed
     from esmjac.model.expr import AGG, Node
     from esmjac.model.load import lhs_state, load_view
-    from esmjac.reference.oracle import ode_states
+    from esmjac.model.layout import ode_states
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -48,7 +48,7 @@ def test_refusals_and_misuse():
 def test_a_real_raise_site_is_typed():
     # An existing raise site (JacError("bad_argument", ...)) gives a BadArgument
     # that `except ValueError` catches, the code stays stable.
-    from esmjac.runtime.programs import lane_cells
+    from esmjac.runtime.workspace import lane_cells
     with pytest.raises(ValueError) as ei:
         lane_cells((3,), 2, order=np.array([0, 7]))
     assert isinstance(ei.value, E.BadArgument) and ei.value.code == "bad_argument"

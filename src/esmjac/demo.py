@@ -52,8 +52,8 @@ def run_demo(cells: int = 48, t_end: float = 7200.0, out=print, progress: bool |
     a terminal)."""
     from .adapters.scipy import ivp
     from .calculus.bandset import BandSet
-    from .linalg.factorization import block_lu_plan
     from .compile.cache import cache_dir
+    from .linalg.factorization import block_lu_plan
     from .models.gridded import gridded_tropo12, tropo12_doc
     from .models.mechanism import lift
     from .reference.check import fd_check

@@ -262,6 +262,10 @@ def test_explicit_t_in_the_rhs_is_each_lanes_own_time():
     one = np.ascontiguousarray(_cols(u, L)[:, 1])
     lf.advance(one, t0, DT, forcing=fj[1:])
     assert np.array_equal(one, _cols(v, L)[:, 1])
+    # the user's own forcing callable beside the leaf's t: the same values, the same bits
+    z = u.copy()
+    lf.advance(z, t0, DT, forcing=lambda t, lanes: fj[lanes][None, :])
+    assert np.array_equal(z, v)
     with pytest.raises(JacError) as e:
         lf.gradient(u, t0, DT, np.ones_like(u), forcing=fj)
     assert e.value.code == "bad_option"

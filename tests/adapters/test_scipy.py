@@ -314,17 +314,18 @@ def test_auto_threads_on_a_large_problem_is_decided_by_measurement(monkeypatch):
     # the build then times both thread counts and keeps one of them.
     import numba
     import esmjac.adapters.scipy as sc
+    import esmjac.runtime.threads as th
     calls = []
-    real = sc._measure_threads
-    monkeypatch.setattr(sc, "AUTO_SERIAL_BELOW", 10)
-    monkeypatch.setattr(sc, "_measure_threads", lambda call: calls.append(1) or real(call))
+    real = th.measure_threads
+    monkeypatch.setattr(th, "SERIAL_BELOW", 10)
+    monkeypatch.setattr(sc, "measure_threads", lambda call: calls.append(1) or real(call))
     auto = ivp(TROPO)
     one = ivp(TROPO, threads=1)
     assert calls == [1]
     assert auto.threads in (1, int(numba.config.NUMBA_NUM_THREADS)) and one.threads == 1
     np.testing.assert_array_equal(auto.fun(0.0, auto.y0), one.fun(0.0, one.y0))
     np.testing.assert_array_equal(auto.jac_data(0.0, auto.y0), one.jac_data(0.0, one.y0))
-    monkeypatch.setattr(sc, "AUTO_SERIAL_BELOW", 20000)
+    monkeypatch.setattr(th, "SERIAL_BELOW", 20000)
     assert ivp(TROPO).threads is None            # small: the programs' own one-thread policy
 
 

@@ -265,7 +265,7 @@ def test_callback_errors_are_reraised(y0):
     prob = sundials.cvode(TROPO, forcing={"fj": FJ}, y0=y0, max_steps=20000)
     out = np.empty(3)
     assert prob.rhsfn(0.0, np.ones(3), out) == -1       # wrong length: refused inside
-    assert isinstance(prob._st["error"], JacError)
+    assert isinstance(prob._state.error, JacError)
     with pytest.raises(JacError) as exc:
         prob.solve(TOUT, y0=np.ones(5))
     assert exc.value.code == "bad_argument"

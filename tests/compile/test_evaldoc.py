@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from esmjac.calculus.bandset import BandSet
-from esmjac.compile.evaldoc import jacobian_doc, model_layout, rhs_doc
+from esmjac.compile.evaldoc import jacobian_doc, rhs_doc
 from esmjac.model.evaluate import ev
-from esmjac.reference.oracle import _elem as element_name, element_names, ode_states, resolve_point
+from esmjac.model.layout import element_name, element_names, model_layout, ode_states, resolve_point
 from esmjac.reference.check import _flat, rhs_vector
 from esmjac.reference.oracle import assemble
 from tests.support.evaluate import reader as _reader

@@ -12,7 +12,7 @@ import pytest
 from esmjac.compile.lowering import rhs_pieces
 from esmjac.errors import JacError
 from esmjac.model.evaluate import ev
-from esmjac.reference.oracle import _elem as element_name, element_names, ode_states
+from esmjac.model.layout import element_name, element_names, ode_states
 from esmjac.model.load import load_view
 from esmjac.reference.check import _flat, rhs_vector
 from tests.support.evaluate import reader as _reader

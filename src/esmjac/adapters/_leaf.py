@@ -22,13 +22,23 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import JacError
+from ..integrators.lanestep import RUNNING, STATUS, LaneStepper
+from ..integrators.rosenbrock import METHODS, _perm_arrays
+from ..layouts.types import LaneSparseBlocks
+from ..linalg.sparse_lu import CHUNK, SparseLaneLU
+from ..model.expr import free_names
+from ..runtime import checks
+from ..runtime.programs import JacobianProgram, RhsProgram
+from ..runtime.threads import numba_threads
+from ..runtime.workspace import lane_cells
+from ._leafcalls import BoundPrograms
+from ._sensitivity import Sensitivities
 
 __all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
            "AUTO_LANES_PER_THREAD"]
@@ -78,7 +88,6 @@ class LeafStats:
 
     @property
     def message(self) -> str:
-        from ..integrators.lanestep import STATUS
         bad = self.failed
         if bad.size == 0:
             return f"all {self.status.size} lanes reached the end"
@@ -91,7 +100,6 @@ class LeafStats:
         return {k: int(getattr(self, k).sum()) for k in ("nsteps", "naccept", "nreject", "nfev", "njev")}
 
     def _reset(self) -> None:
-        from ..integrators.lanestep import RUNNING
         self.status[:] = RUNNING
         for a in (self.nsteps, self.naccept, self.nreject, self.nfev, self.njev):
             a[:] = 0
@@ -138,82 +146,9 @@ def _thread_count(threads, lanes: int) -> int:
     return min(int(threads), cap)
 
 
-@contextmanager
-def _one_numba_thread():
-    """The compiled kernels' one-thread twins for the enclosed calls (numba's
-    thread count is thread-local; restored afterwards)."""
-    import numba
-    prev = numba.get_num_threads()
-    if prev != 1:
-        numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if prev != 1:
-            numba.set_num_threads(prev)
-
-
 def _one_thread_pool_init() -> None:
     import numba
     numba.set_num_threads(1)
-
-
-def _bind_kernel(prog, kern, p: np.ndarray, t: float):
-    """``f(u, fz, cix, m, out)``: ``kern`` of ``prog`` on the first ``m``
-    lanes with parameters ``p`` and time ``t`` fixed, one-thread kernels;
-    the parameter-only values (the prologue) are hoisted once here, not per
-    call. ``out`` is the kernel's natural output (f values, or band slabs)."""
-    h = np.zeros(max(kern.n_hoist, 1))
-    if kern.engine == "codegen":
-        mod = kern.module()
-        mod.prologue(p, float(t), h)
-        fns = [(getattr(mod, "s" + name), kind == "cell") for name, kind in zip(kern.chunks, kern.chunk_kinds)]
-
-        def f(u, fz, cix, m, out):
-            for fn, cell in fns:
-                if cell:
-                    fn(u, fz, h, cix, out, m)
-                else:
-                    fn(u, fz, h, out)
-        return f
-
-    def f(u, fz, cix, m, out):
-        prog._run(kern, u, p, t, fz, out, h, cix, m)
-    return f
-
-
-class _Bound:
-    """The programs bound to fixed parameters and time for one worker thread:
-    ``rhs(u, fz, cix, m, out)`` and ``jac(u, fz, cix, m, out)`` on the first
-    ``m`` compact lanes, one-thread kernels, parameter-only values hoisted
-    once here (not per call)."""
-
-    def __init__(self, leaf: "RosenbrockLeaf", p: np.ndarray, t: float, capacity: int, plan=None):
-        rhs, jac = leaf.rhs_program, leaf.jac_program
-        plan = leaf.plan if plan is None else plan
-        self.rhs = _bind_kernel(rhs, rhs.kernel, p, t)
-
-        if jac.kernel.engine == "codegen":
-            fk = jac._fused_kernel(plan)
-            mod = fk.module()
-            hj = np.zeros(max(fk.n_hoist, 1))
-            mod.prologue(p, float(t), hj)
-            jfns = [getattr(mod, "sfl" + name) for name in fk.chunks]
-
-            def j(u, fz, cix, m, out):
-                for fn in jfns:
-                    fn(u, fz, hj, cix, out, m)
-        else:
-            jk = jac.kernel
-            hj = np.zeros(max(jk.n_hoist, 1))
-            slabs = [np.zeros(max(jac.n_fields * capacity, 1))]
-
-            def j(u, fz, cix, m, out):
-                if slabs[0].size < jac.n_fields * m:          # a replay of more lanes than planned
-                    slabs[0] = np.zeros(jac.n_fields * m)
-                jac._run(jk, u, p, t, fz, slabs[0], hj, cix, m)
-                plan.scatter(slabs[0], m, out)
-        self.jac = j
 
 
 class RosenbrockLeaf:
@@ -228,8 +163,6 @@ class RosenbrockLeaf:
 
     def __init__(self, rhs, jac, plan, p, forcing, *, method, rtol, atol, step, threads,
                  compact, clip_negative, max_steps, max_rejects, h0, time_field=None):
-        from ..integrators.rosenbrock import METHODS, _perm_arrays
-        from ..linalg.sparse_lu import SparseLaneLU
         self.rhs_program, self.jac_program, self.plan = rhs, jac, plan
         self.n_species = rhs.n_species
         self.species = tuple(rhs.layout.states)
@@ -305,8 +238,7 @@ class RosenbrockLeaf:
 
     @staticmethod
     def _rtol(rtol) -> float:
-        from ..integrators.rosenbrock import positive_number
-        return positive_number("rtol", rtol, "bad_option")
+        return checks.positive("rtol", rtol, "bad_option")
 
     def _atol(self, atol) -> np.ndarray:
         n = self.n_species
@@ -343,8 +275,7 @@ class RosenbrockLeaf:
             if h0.ndim != 1 or not np.all(h0 > 0) or not np.all(np.isfinite(h0)):
                 raise JacError("bad_argument", "h0 must be positive (a number or one value per lane)")
             return np.ascontiguousarray(h0, dtype=np.float64)
-        from ..integrators.rosenbrock import positive_number
-        return positive_number("h0", h0)
+        return checks.positive("h0", h0)
 
     def lanes_of(self, u) -> int:
         """The lane count of a state vector (``u.size // n_species``)."""
@@ -438,9 +369,6 @@ class RosenbrockLeaf:
         sc = self._scratch.get(key)
         if sc is not None:
             return sc
-        from ..integrators.lanestep import LaneStepper
-        from ..linalg.sparse_lu import CHUNK
-        from ..runtime.programs import lane_cells
         unit = CHUNK if self.tile is None else int(self.tile)
         per = -(-L // nthreads)
         per = -(-per // unit) * unit
@@ -449,7 +377,7 @@ class RosenbrockLeaf:
         cix = lane_cells(self.rhs_program.layout.cell_shape, L)
         steppers = []
         for _, c in blocks:
-            b = _Bound(self, self.p, 0.0, c)
+            b = BoundPrograms(self, self.p, 0.0, c)
             steppers.append(LaneStepper(self._tab, self._lu, self._perm, self._iperm,
                                         len(self._program_forcing), ncd, c, self.tile, b.rhs, b.jac,
                                         self.step == "shared", self.compact))
@@ -562,7 +490,7 @@ class RosenbrockLeaf:
 
     @staticmethod
     def _run_one(stepper, args, block, rest) -> None:
-        with _one_numba_thread():
+        with numba_threads(1):       # one worker thread per lane block
             stepper.run(*args, block[0], block[1], *rest)
 
     # -- standalone integration --------------------------------------------
@@ -605,12 +533,7 @@ class RosenbrockLeaf:
         ``rtol``/``atol`` override the leaf's for this call. Per-lane
         statistics are summed over the intervals.
         """
-        try:
-            t0, tf = (float(x) for x in t_span)
-        except (TypeError, ValueError):
-            raise JacError("bad_argument", f"t_span must be (t0, tf), got {t_span!r}") from None
-        if not (math.isfinite(t0) and math.isfinite(tf)) or tf < t0:
-            raise JacError("bad_argument", f"t_span must be finite with tf >= t0, got {(t0, tf)}")
+        t0, tf = checks.time_span(t_span)
         te = np.array([tf] if t_eval is None else t_eval, dtype=np.float64).reshape(-1)
         if te.size == 0 or np.any(np.diff(te) < 0) or te[0] < t0 or te[-1] > tf:
             raise JacError("bad_argument", f"t_eval must be increasing inside {(t0, tf)}")
@@ -663,7 +586,6 @@ class RosenbrockLeaf:
         return other
 
     def _sensitivities(self, wrt_parameters: bool):
-        from ._sensitivity import Sensitivities
         if wrt_parameters and self.source is None:
             raise JacError("bad_option", "parameter sensitivities need a leaf built by rosenbrock(source)")
         key = bool(wrt_parameters)
@@ -705,21 +627,27 @@ class RosenbrockLeaf:
         bad = [w for w in wrt if w not in ("state", "parameters")]
         if bad or not wrt:
             raise JacError("bad_option", f"wrt must name 'state' and/or 'parameters', got {wrt!r}")
-        self._check_state("u0", u0, False)
-        L = self.lanes_of(u0)
-        y = u0.copy()
-        records: list = []
-        stats = self._advance(y, t0, dt, forcing, None, None, records)
-        fz, cix = records.pop()
+        L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
         lam = np.array(dphi(y.copy()) if callable(dphi) else dphi, dtype=np.float64).reshape(-1)
         if lam.shape != y.shape or not np.all(np.isfinite(lam)):
             raise JacError("bad_argument", f"dphi must give {y.size} finite values (like u0)")
         sens = self._sensitivities("parameters" in wrt)
         gp = np.zeros(sens.jp.col_size(L)) if sens.jp is not None else None
         lam = np.ascontiguousarray(lam)
-        with _one_numba_thread():
+        with numba_threads(1):
             sens.adjoint(records, lam, fz if fz is not None else np.zeros(1), cix, L, gp)
         return y, lam, (self._unpack_params(gp, L) if gp is not None else None), stats
+
+    def _forward(self, u0, t0, dt, forcing) -> tuple:
+        """The recorded forward solve both sensitivity directions start from:
+        (lanes, final state, statistics, step records, last forcing, lane map)."""
+        self._check_state("u0", u0, False)
+        L = self.lanes_of(u0)
+        y = u0.copy()
+        records: list = []
+        stats = self._advance(y, t0, dt, forcing, None, None, records)
+        fz, cix = records.pop()
+        return L, y, stats, records, fz, cix
 
     def tangent(self, u0: np.ndarray, t0: float, dt: float, du0=None, dp: Mapping | None = None,
                 forcing=None):
@@ -727,12 +655,7 @@ class RosenbrockLeaf:
         ``t0 + dt`` along ``du0`` (like ``u0``; None = 0) and ``dp`` (a dict
         over :attr:`parameter_columns`: a number, or per lane for per-cell
         columns). Returns ``(y_final, dy_final, stats)``."""
-        self._check_state("u0", u0, False)
-        L = self.lanes_of(u0)
-        y = u0.copy()
-        records: list = []
-        stats = self._advance(y, t0, dt, forcing, None, None, records)
-        fz, cix = records.pop()
+        L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
         dy = np.zeros_like(y) if du0 is None else np.array(du0, dtype=np.float64).reshape(-1)
         if dy.shape != y.shape:
             raise JacError("bad_argument", f"du0 must have {y.size} values (like u0)")
@@ -753,7 +676,7 @@ class RosenbrockLeaf:
                     raise JacError("unresolvable_column", f"unknown parameter column {k!r}; "
                                    f"columns: {', '.join(lane_vars + glob_vars)}")
         dy = np.ascontiguousarray(dy)
-        with _one_numba_thread():
+        with numba_threads(1):
             sens.tangent(records, dy, dpv, fz if fz is not None else np.zeros(1), cix, L)
         return y, dy, stats
 
@@ -798,9 +721,6 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     default: one tile of the active lanes; an int W: tiles of W lanes,
     LaneSparseBlocks' ``tile``). Results are bitwise the same for any value.
     """
-    from ..layouts.types import LaneSparseBlocks
-    from ..model.expr import free_names
-    from ..runtime.programs import JacobianProgram, RhsProgram
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
     rhs = RhsProgram.build(source, model, options=options)

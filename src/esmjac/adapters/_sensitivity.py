@@ -35,7 +35,13 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from ..linalg.sparse_lu import solve_transpose_lanes
+from ..integrators import lanestep as LS
+from ..layouts.types import LaneBlocks, LaneSparseBlocks
+from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes, solve_transpose_lanes
+from ..runtime.kernels import lane_apply
+from ..runtime.programs import JacobianProgram
+from ..runtime.second import second_order
+from ._leafcalls import BoundPrograms, bind_kernel
 
 __all__ = ["Sensitivities"]
 
@@ -103,19 +109,6 @@ def _sum_points(U, ptslot, perm, m, out):
 
 
 @numba.njit(**_JIT)
-def _jt_slots(J, m, pr, pc, u, g):
-    """g += Jᵀu on the LU's slots (untiled, m lanes; J, u, g all permuted):
-    g[c] += J[(r, c)]·u[r]. Fill-in slots hold 0."""
-    # unit-stride views indexed from 0 (no negative-index wraparound: LLVM vectorises)
-    for q in range(pr.shape[0]):
-        jq = J[q * m:(q + 1) * m]
-        uq = u[pr[q] * m:(pr[q] + 1) * m]
-        gq = g[pc[q] * m:(pc[q] + 1) * m]
-        for l in range(m):
-            gq[l] += jq[l] * uq[l]
-
-
-@numba.njit(**_JIT)
 def _adjoint_stages(lamP, lamN, acc, U, UND, JP, ptslot, direct, A, C, mv, hs, pr, pc, g, Wm, nnz,
                     n, m, piv_slot, fwd_ptr, fwd_slot, fwd_col, bwd_ptr, bwd_slot, bwd_col):
     """One recorded step's stages in reverse (all permuted, m lanes):
@@ -150,7 +143,7 @@ def _adjoint_stages(lamP, lamN, acc, U, UND, JP, ptslot, direct, A, C, mv, hs, p
         if direct[i]:
             for k in range(N):
                 g[k] = 0.0
-            _jt_slots(JP[ps], m, pr, pc, kap, g)
+            _slot_madd(JP[ps], m, pr, pc, kap, g)
             for k in range(N):
                 lamN[k] += g[k]
             for j in range(i):
@@ -175,7 +168,7 @@ def _adjoint_stages(lamP, lamN, acc, U, UND, JP, ptslot, direct, A, C, mv, hs, p
                     for l in range(m):
                         ajs[l] += ch[l] * ks[l]
     for p in range(UND.shape[0]):
-        _jt_slots(JP[p], m, pr, pc, UND[p], lamN)
+        _slot_madd(JP[p], m, pr, pc, UND[p], lamN)
 
 
 @numba.njit(**_JIT)
@@ -195,10 +188,12 @@ def _pair_products(U, K, pa, pb, m, P):
 
 
 @numba.njit(**_JIT)
-def _fields_into(D, m, pidx, tgt, P, out):
-    """out[tgt_q] += P[pidx_q]·D_q per lane (the contraction of second-order
-    fields: ∇_y Σ_i u_iᵀJ(y)k_i with ``tgt`` = the site, or ∇_p with ``tgt`` =
-    the parameter column's per-lane row)."""
+def _slot_madd(D, m, pidx, tgt, P, out):
+    """out[tgt_q] += P[pidx_q]·D_q per lane, q over D's slots (unit-stride
+    views indexed from 0, so LLVM vectorises). Serves Jᵀu on the LU's slots
+    (D = J, pidx = slot rows, tgt = slot columns; fill-in slots hold 0) and
+    the contraction of second-order fields (P = the stage pair products;
+    ``tgt`` = the site for ∇_y, the parameter's per-lane row for ∇_p)."""
     for q in range(pidx.shape[0]):
         d = D[q * m:(q + 1) * m]
         p = P[pidx[q] * m:(pidx[q] + 1) * m]
@@ -208,9 +203,10 @@ def _fields_into(D, m, pidx, tgt, P, out):
 
 
 @numba.njit(**_JIT)
-def _glob_apply_lanes(B, m, ptr, band, rl, tgt, nl, lam, gpl):
-    """gpl[nl + tgt[c]] += Σ_j B[band_j]·lam[rl_j] per lane: the scalar
-    columns of J_pᵀλ kept per lane (unit stride; summed over lanes once)."""
+def _cols_apply_lanes(B, m, ptr, band, rl, tgt, nl, lam, gpl):
+    """gpl[nl + tgt[c]] += Σ_j B[band_j]·lam[rl_j] per lane: columns of
+    J_pᵀλ kept per lane, unit stride, serial (per-lane columns with
+    ``nl = 0``; the scalar ones after them, summed over lanes once)."""
     for c in range(tgt.shape[0]):
         go = (nl + tgt[c]) * m
         gc = gpl[go:go + m]
@@ -252,7 +248,6 @@ class _Second:
     """Second-order fields of one program evaluated at a point, as arrays."""
 
     def __init__(self, prog):
-        from ..runtime.second import second_order
         s = second_order(prog)
         self.prog, self.s = prog, s
         m = s.meta
@@ -269,9 +264,6 @@ class Sensitivities:
     """Tangent-linear and adjoint replays of a leaf's recorded steps."""
 
     def __init__(self, leaf, wrt_parameters: bool):
-        from ..layouts.types import LaneBlocks, LaneSparseBlocks
-        from ..runtime.programs import JacobianProgram
-        from ._leaf import _Bound
         self.leaf = leaf
         self.jac = leaf.jac_program
         # the replays run untiled (one tile of a record's lanes), whatever the leaf's tile
@@ -284,7 +276,7 @@ class Sensitivities:
             self.plan_p = self.jp.plan(LaneBlocks("natural", tile=None))
             self.sec_p = _Second(self.jp)
             self.nl = int(self.jp.meta["n_lane_cols"])
-        self.bound = _Bound(leaf, leaf.p, 0.0, 1, self.plan)
+        self.bound = BoundPrograms(leaf, leaf.p, 0.0, 1, self.plan)
         self._ws: dict = {}
         tab = leaf._tab
         pts, cur = [], 0
@@ -314,8 +306,6 @@ class Sensitivities:
 
     def _forward_stages(self, y, hs, fz, cix, m, sc, second: bool = True):
         """Recompute one step's stages (exactly the forward's arithmetic)."""
-        from ..integrators import lanestep as LS
-        from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes
         leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
         n = leaf.n_species
         b = self.bound
@@ -366,7 +356,6 @@ class Sensitivities:
         """Build-time index arrays of the fused adjoint (once per Sensitivities):
         the LU slots' permuted (row, col), the tableau as dense arrays, the
         distinct stage points, and the second-order fields in permuted order."""
-        from ..integrators import lanestep as LS
         leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
         S = tab.stages
         iperm = leaf._iperm
@@ -403,11 +392,10 @@ class Sensitivities:
         for k, v in ad.items():
             if isinstance(v, np.ndarray):
                 ad[k] = np.ascontiguousarray(v)
-        from ._leaf import _bind_kernel
-        ad["sec"] = _bind_kernel(self.jac, self.sec.s.kernel, leaf.p, 0.0)
+        ad["sec"] = bind_kernel(self.jac, self.sec.s.kernel, leaf.p, 0.0)
         if self.jp is not None:
-            ad["jp"] = _bind_kernel(self.jp, self.jp.kernel, leaf.p, 0.0)
-            ad["sec_p"] = _bind_kernel(self.jp, self.sec_p.s.kernel, leaf.p, 0.0)
+            ad["jp"] = bind_kernel(self.jp, self.jp.kernel, leaf.p, 0.0)
+            ad["sec_p"] = bind_kernel(self.jp, self.sec_p.s.kernel, leaf.p, 0.0)
         return ad
 
     def _adj_scratch(self, C: int) -> dict:
@@ -443,9 +431,6 @@ class Sensitivities:
         terms of all stages are contracted in one pass over the fields. The
         scalar parameters' gradients are kept per lane and summed over lanes
         once at the end (unit-stride loops instead of a reduction per call)."""
-        from ..integrators import lanestep as LS
-        from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes
-        from ..runtime.kernels import lane_apply
         if not records:
             return
         leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
@@ -468,7 +453,10 @@ class Sensitivities:
             ncols = ad["ncols"]
             GPL = np.zeros(ncols * L)
             jm = jp.meta
-            lane_args = (jm["c_ptr"], jm["c_band"], jm["c_ca"], jm["c_cb"], jm["c_cs"], jm["c_tgt"])
+            lane_args_full = (jm["c_ptr"], jm["c_band"], jm["c_ca"], jm["c_cb"], jm["c_cs"], jm["c_tgt"])
+            # entries reading λ[row*m + l] (offset 0, stride 1): the serial per-lane kernel serves them
+            unit_lanes = bool(np.all(jm["c_cb"] == 0) and np.all(jm["c_cs"] == 1))
+            lane_args = (jm["c_ptr"], jm["c_band"], jm["c_ca"], jm["c_tgt"])
             glob_args = (jm["g_ptr"], jm["g_band"], jm["g_rl"], jm["g_tgt"])
             Bp, Dp, gpl = sc["Bp"], sc["Dp"], sc["gpl"]
             jp_at, secp_at = ad["jp"], ad["sec_p"]
@@ -514,7 +502,7 @@ class Sensitivities:
                             *sops)
             P = sc["P"]
             _pair_products(sc["U"], K, ad["pa"], ad["pb"], m, P)
-            _fields_into(sc["D"], m, ad["h_pid"], ad["h_site"], P, lamN)
+            _slot_madd(sc["D"], m, ad["h_pid"], ad["h_site"], P, lamN)
             _scatter_perm(lamN, L, lanes, perm, m, lam)
             if jp is None:
                 continue
@@ -524,10 +512,13 @@ class Sensitivities:
             _sum_points(sc["U"], ad["ptslot"], perm, m, Upt)
             for k, pt in enumerate(ad["pts"]):
                 jp_at(Ys[pt], fz, cix, m, Bp)
-                lane_apply(Bp, m, *lane_args, Upt[k], gpl)
-                _glob_apply_lanes(Bp, m, *glob_args, self.nl, Upt[k], gpl)
+                if unit_lanes:
+                    _cols_apply_lanes(Bp, m, *lane_args, 0, Upt[k], gpl)
+                else:
+                    lane_apply(Bp, m, *lane_args_full, Upt[k], gpl)
+                _cols_apply_lanes(Bp, m, *glob_args, self.nl, Upt[k], gpl)
             secp_at(y, fz, cix, m, Dp)
-            _fields_into(Dp, m, ad["hp_pid"], ad["hp_col"], P, gpl)
+            _slot_madd(Dp, m, ad["hp_pid"], ad["hp_col"], P, gpl)
             _add_lanes(gpl, ncols, m, lanes, L, GPL)
         if jp is not None:
             nl = self.nl
@@ -540,12 +531,11 @@ class Sensitivities:
         """Re-run the recorded steps (same lanes, same step sizes) from ``y``
         in place, optionally with other parameters: the map the tangent and
         adjoint differentiate (finite differences of it are their oracle)."""
-        from ._leaf import _Bound
         leaf = self.leaf
         n = leaf.n_species
         saved = self.bound
         if p is not None:
-            self.bound = _Bound(leaf, np.ascontiguousarray(p, dtype=np.float64), 0.0, 1, self.plan)
+            self.bound = BoundPrograms(leaf, np.ascontiguousarray(p, dtype=np.float64), 0.0, 1, self.plan)
         try:
             tab = leaf._tab
             for lanes, _, hs in records:
@@ -554,7 +544,6 @@ class Sensitivities:
                 m, k, yc, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)
                 sc = self._scratch(m)
                 self._forward_stages(yc, h, fz, cix, m, sc, second=False)
-                from ..integrators import lanestep as LS
                 mi, mv = LS._nz(tab.m)
                 out = np.empty(n * m)
                 LS._combine(yc, sc["K"], mi, mv, leaf._perm, m, out)
@@ -570,7 +559,6 @@ class Sensitivities:
         n = leaf.n_species
         perm = leaf._perm
         S = tab.stages
-        from ..linalg.sparse_lu import CHUNK, solve_lanes
         lu = leaf._lu
         for lanes, ys, hs in records:
             m, k, y, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)

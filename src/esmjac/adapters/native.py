@@ -1,14 +1,16 @@
 """Native adapter (esmjac's own kernels): kinds ``"native.layouts"`` and ``"native.rosenbrock"``."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+
+from ..errors import JacError
+from ..layouts.types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
-
-
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
+from ..runtime.programs import JacobianProgram, RhsProgram
+from ._leaf import LeafSolution, LeafStats, RosenbrockLeaf, rosenbrock  # noqa: F401  (the leaf, re-exported)
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,6 @@ class NativeLayouts:
         return np.zeros(plan.out_size(lanes or self.jacobian.cells), dtype=dtype)
 
     def _plan(self, layout: str):
-        from ..errors import JacError
         if layout not in self.plans:
             why = self.refused.get(layout, "unknown layout")
             raise JacError("bad_option", f"layout {layout!r} is not available for this model ({why}); "
@@ -42,9 +43,6 @@ def layouts(source, *, model=None, options=None, **extra):
     """Build the RHS and Jacobian programs and a plan for every layout that
     applies (LaneBlocks natural/markowitz, LaneSparseBlocks, ColumnBanded,
     Csr); the others are listed in ``refused`` with the reason."""
-    from ..errors import JacError
-    from ..layouts.types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
-    from ..runtime.programs import JacobianProgram, RhsProgram
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.layouts")
     rhs = RhsProgram.build(source, model, options=options)
@@ -58,14 +56,10 @@ def layouts(source, *, model=None, options=None, **extra):
     return NativeLayouts(rhs, jac, plans, refused)
 
 
-from ._leaf import LeafSolution, LeafStats, RosenbrockLeaf, rosenbrock  # noqa: E402,F401
-
 
 # ---------------------------------------------------------------------------
 # esmjac plugin (entry point ``esmjac.adapters: native``) -- keep below
 # ---------------------------------------------------------------------------
-
-
 
 @hookimpl
 def esmjac_adapter() -> Adapter:
@@ -75,13 +69,11 @@ def esmjac_adapter() -> Adapter:
     numba, numpy = dist_version("numba"), dist_version("numpy")
     if module_available("numba") and module_available("numpy"):
         return Adapter("native", version, kinds, True,
-                           f"esmjac's own kernels (numba {numba}, numpy {numpy})")
+                       f"esmjac's own kernels (numba {numba}, numpy {numpy})")
     missing = " and ".join(m for m in ("numba", "numpy") if not module_available(m))
     return Adapter("native", version, kinds, False,
-                       f"{missing} is not installed; pip install 'numba>=0.58' 'numpy>=1.24', "
-                       "or use kind 'scipy.ivp'")
-
-
+                   f"{missing} is not installed; pip install 'numba>=0.58' 'numpy>=1.24', "
+                   "or use kind 'scipy.ivp'")
 
 
 # ---------------------------------------------------------------------------

@@ -36,7 +36,6 @@ adjoint users. Exceptions raised inside a callback are kept and re-raised by
 from __future__ import annotations
 
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import sys
 from dataclasses import dataclass, field
@@ -45,7 +44,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import JacError
-from ..plugins.hookspecs import Adapter, hookimpl
+from ..layouts.plans import column_split
+from ..layouts.types import ColumnBanded, LaneSparseBlocks
+from ..linalg.sparse_lu import SparseLaneLU
+from ..plugins.hookspecs import Adapter, dist_version, hookimpl
+from ..runtime.threads import measure_threads, thread_count, with_threads
+from ..runtime.workspace import JacWorkspace, RhsScratch
+from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
 
 __all__ = ["cvode", "ida", "SundialsProblem"]
 
@@ -111,7 +116,6 @@ class _BlockPC:
     name = "block"
 
     def __init__(self, r, j, plan_csr):
-        from ..linalg.sparse_lu import SparseLaneLU
         self.j = j
         self.lay = r.layout
         self.ns = ns = len(r.layout.states)
@@ -132,9 +136,8 @@ class _BlockPC:
                                "precond='block' needs every state on one grid (per-point blocks); "
                                "this model's states have different shapes: use precond='banded' "
                                "(ColumnBanded) or precond=None")
-            from .scipy import _pattern
             self.plan = plan_csr
-            rows, cols, _ = _pattern(plan_csr)
+            rows, cols, _ = csr_pattern(plan_csr)
             self.N = N = int(np.prod(next(iter(shapes))))
             sr, cr = np.divmod(rows, N)
             sc, cc = np.divmod(cols, N)
@@ -187,7 +190,6 @@ class _BlockPC:
 def _untiled_lsb():
     """``LaneSparseBlocks`` with lanes fastest (``q*L + l``), the storage
     the lane LU reads."""
-    from ..layouts.types import LaneSparseBlocks
     try:
         return LaneSparseBlocks(tile=None)
     except TypeError:                   # a layout without tiles: lanes fastest already
@@ -200,7 +202,6 @@ class _BandedPC:
     name = "banded"
 
     def __init__(self, r, j, axis):
-        from ..layouts.types import ColumnBanded
         self.j = j
         self.plan = j.plan(ColumnBanded(axis, tile=None), source=r)   # one column's band per lane
         info = self.plan.info
@@ -211,12 +212,7 @@ class _BandedPC:
         ax = int(info["axis"])
         ns, N = len(lay.states), int(np.prod(shape))
         e = np.arange(ns * N)
-        s, cell = np.divmod(e, N)
-        idx = np.unravel_index(cell, shape)
-        rest = [x for d, x in enumerate(idx) if d != ax]
-        rshape = [n for d, n in enumerate(shape) if d != ax]
-        lane = np.ravel_multi_index(rest, rshape) if rest else np.zeros_like(cell)
-        local = idx[ax] * ns + s
+        lane, local = column_split(e, shape, ns, ax)
         P = np.empty((self.C, self.m), dtype=np.int64)
         P[lane, local] = e
         self.P = P
@@ -264,7 +260,7 @@ class _BandedPC:
 # ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False)
-class SundialsProblem:
+class SundialsProblem(Problem):
     """A ready scikits.odes CVODE/IDA solver and the esmjac callables it uses.
 
     ``solver`` is the ``scikits.odes.ode``/``dae`` object (its ``solve``,
@@ -276,13 +272,6 @@ class SundialsProblem:
 
     kind: str                  # "cvode" | "ida"
     solver: Any
-    rhs: Any                   # RhsProgram
-    jacobian: Any              # JacobianProgram (wrt="states")
-    plan: Any                  # Csr ScatterPlan
-    y0: np.ndarray
-    names: tuple
-    p: np.ndarray
-    forcing: np.ndarray | None
     linsolver: str
     precond: str | None
     options: dict              # what the scikits.odes solver was given
@@ -293,12 +282,8 @@ class SundialsProblem:
     jac_times_vecfn: Any = None
     prec_setupfn: Any = None
     prec_solvefn: Any = None
-    _st: dict = field(default_factory=dict, repr=False)
+    _state: "_State" = field(default=None, repr=False)
     note: str = ""             # why this linear solver (linsolver="auto" says what it chose)
-
-    @property
-    def n(self) -> int:
-        return int(self.y0.shape[0])
 
     @property
     def yp0(self) -> np.ndarray:
@@ -309,40 +294,37 @@ class SundialsProblem:
         """``f(t, y)`` as a new array (not counted)."""
         out = np.empty(self.n)
         self._run(self.rhs.eval_into, np.ascontiguousarray(y, dtype=np.float64), self.p, float(t),
-                  self.forcing, out, self._st["scratch_user"])
+                  self.forcing, out, self._state.scratch_user)
         return out
 
     def _run(self, fn, *args):
-        from .scipy import _with_threads
-        return _with_threads(self._st["threads"], fn, *args)
+        return with_threads(self._state.threads, fn, *args)
 
     def _eval_user(self, t, y) -> np.ndarray:
-        st = self._st
+        st = self._state
         self._run(self.jacobian.eval_into, self.plan, np.ascontiguousarray(y, dtype=np.float64), self.p,
-                  float(t), self.forcing, st["user_buf"], st["ws_user"])
-        return st["user_buf"]
+                  float(t), self.forcing, st.user_buf, st.ws_user)
+        return st.user_buf
 
     def jac_csr(self, t, y):
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array``."""
         from scipy.sparse import csr_array
         data = self._eval_user(t, y).copy()
-        ip, ix, _ = self.plan.csr_index(self._st["ws_user"].lanes)
+        ip, ix, _ = self.plan.csr_index(self._state.ws_user.lanes)
         return csr_array((data, ix, ip), shape=(self.n, self.n))
 
     def jv(self, t, y, v) -> np.ndarray:
         """``J v`` at (t, y)."""
-        self._eval_user(t, y)
-        out = np.zeros(self.n)
-        self._run(self.jacobian.apply, self.plan, self._st["ws_user"],
-                  np.ascontiguousarray(v, dtype=np.float64), out)
-        return out
+        return self._product(self.jacobian.apply, t, y, v)
 
     def jtv(self, t, y, lam) -> np.ndarray:
         """``Jᵀ λ`` at (t, y) (for adjoint sensitivities)."""
+        return self._product(self.jacobian.apply_transpose, t, y, lam)
+
+    def _product(self, op, t, y, x) -> np.ndarray:
         self._eval_user(t, y)
         out = np.zeros(self.n)
-        self._run(self.jacobian.apply_transpose, self.plan, self._st["ws_user"],
-                  np.ascontiguousarray(lam, dtype=np.float64), out)
+        self._run(op, self.plan, self._state.ws_user, np.ascontiguousarray(x, dtype=np.float64), out)
         return out
 
     # -- running ---------------------------------------------------------------------
@@ -353,16 +335,16 @@ class SundialsProblem:
         re-raised here."""
         tout = np.asarray(tout, dtype=np.float64)
         y = np.array(self.y0 if y0 is None else y0, dtype=np.float64)
-        self._st["error"] = None
+        self._state.error = None
         # One thread-count switch for the whole run (callbacks then find it set).
         if self.kind == "ida":
             yp = self.f(tout[0], y) if yp0 is None else np.array(yp0, dtype=np.float64)
             res = self._run(self._ida_solve, tout, y, yp)
         else:
             res = self._run(self.solver.solve, tout, y)
-        err = self._st.get("error")
+        err = self._state.error
         if err is not None:
-            self._st["error"] = None
+            self._state.error = None
             raise err
         return res
 
@@ -398,7 +380,7 @@ class SundialsProblem:
                 yps.append(np.array(r.values.ydot))
         finally:
             s.set_options(one_step_compute=False, tstop=None)
-        self._st["steps"] = self._st.get("steps", 0) + steps
+        self._state.steps += steps
         values = type(r.values)(t=np.array(ts), y=np.vstack(ys), ydot=np.vstack(yps))
         if r.flag < 0:
             return r._replace(values=values, errors=r.values)
@@ -406,21 +388,19 @@ class SundialsProblem:
 
     def counters(self) -> dict:
         """esmjac-side call counts since creation / :meth:`reset_counters`."""
-        keys = ("nfev", "njev", "njtsetup", "njtimes", "npsetup", "npeval", "npsolve")
-        return {k: self._st[k] for k in keys}
+        return self._state.counters.as_dict()
 
     def reset_counters(self) -> None:
-        for k in ("nfev", "njev", "njtsetup", "njtimes", "npsetup", "npeval", "npsolve"):
-            self._st[k] = 0
-        self._st["steps"] = 0
+        self._state.counters.reset()
+        self._state.steps = 0
 
     @property
     def nfev(self) -> int:
-        return self._st["nfev"]
+        return self._state.counters.nfev
 
     @property
     def njev(self) -> int:
-        return self._st["njev"]
+        return self._state.counters.njev
 
     def stats(self) -> dict:
         """The esmjac counters plus SUNDIALS' own statistics.
@@ -440,25 +420,53 @@ class SundialsProblem:
             except Exception:       # pragma: no cover - solver not yet initialised
                 pass
         elif self.kind == "ida":
-            out["NumSteps"] = self._st.get("steps", 0)
-            out["NumResEvals"] = self._st["nfev"]
-            out["NumJacEvals"] = self._st["njev"] + self._st["njtsetup"]
-            out["NumJtimesEvals"] = self._st["njtimes"]
+            c = self._state.counters
+            out["NumSteps"] = self._state.steps
+            out["NumResEvals"] = c.nfev
+            out["NumJacEvals"] = c.njev + c.njtsetup
+            out["NumJtimesEvals"] = c.njtimes
         return out
 
 
-def _guard(st: dict, fn):
+@dataclass(eq=False)
+class _State:
+    """A problem's own mutable state: counters, the first callback error,
+    and the scratch each callback family writes (one thread)."""
+
+    counters: Counters
+    threads: int | None
+    run_f: Any                     # bound RHS call of rhsfn / resfn
+    scratch_user: RhsScratch       # f(), yp0
+    ws_dense: JacWorkspace         # jacfn
+    ws_jv: JacWorkspace            # jac_times_setupfn / jac_times_vecfn
+    ws_user: JacWorkspace          # jac_csr(), jv(), jtv()
+    dense_buf: np.ndarray
+    jv_buf: np.ndarray
+    user_buf: np.ndarray
+    jv_ready: bool = False
+    steps: int = 0                 # IDA steps counted by solve() (scikits.odes reports none)
+    error: BaseException | None = None
+    pc: Any = None                 # the preconditioner, when one is used
+
+    @classmethod
+    def new(cls, r, j, plan, threads) -> "_State":
+        # jacfn writes CSR values directly; J·v applies the slab of its setup
+        ws = [j.new_workspace(keep_slab=False), j.new_workspace(keep_slab=True), j.new_workspace()]
+        bufs = [np.empty(plan.out_size(w.lanes)) for w in ws]
+        return cls(Counters(), threads, r.bind(), r.new_buffers(), *ws, *bufs)
+
+
+def _guard(st: _State, fn):
     """Keep a callback's exception (scikits.odes would swallow it) and
     report an unrecoverable failure (-1) to SUNDIALS instead."""
-    from .scipy import _with_threads
-    nthreads = st["threads"]
+    nthreads = st.threads
 
     def call(*args):
         try:
-            rc = _with_threads(nthreads, fn, *args)
+            rc = with_threads(nthreads, fn, *args)
         except Exception as exc:        # noqa: BLE001 - re-raised by solve()
-            if st.get("error") is None:
-                st["error"] = exc
+            if st.error is None:
+                st.error = exc
             return -1
         return 0 if rc is None else rc
     call.__name__ = getattr(fn, "__name__", "callback")
@@ -469,7 +477,6 @@ def _guard(st: dict, fn):
 def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, forcing, y0,
            axis, precond_type, jtimes, threads, build_options, options) -> SundialsProblem:
     ode, dae = _odes()
-    from .scipy import _bandwidths, _inputs, _pattern, _programs, _thread_count
 
     krylov = _KRYLOV[kind]
     if linsolver != "auto" and linsolver not in _DIRECT + krylov:
@@ -502,22 +509,12 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         if k in options:
             raise JacError("bad_option", f"option {k!r} is set by the adapter")
 
-    r, j, plan = _programs(source, model, build_options)
-    yv, pv, fv = _inputs(r, y0, p, forcing, source, model)
-    rows, cols, n = _pattern(plan)
+    r, j, plan = build_programs(source, model, build_options)
+    yv, pv, fv = inputs(r, y0, p, forcing, source, model)
+    rows, cols, n = csr_pattern(plan)
     linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
-    st: dict = {"error": None, "scratch_user": r.new_buffers(),
-                "ws_dense": j.new_workspace(keep_slab=False), "ws_jv": j.new_workspace(keep_slab=True),
-                "ws_user": j.new_workspace()}
-    # Bound calls: every check and kernel choice made here, once.
-    st["run_f"] = run_f = r.bind()
-    st["dense_buf"] = np.empty(plan.out_size(st["ws_dense"].lanes))
-    st["jv_buf"] = np.empty(plan.out_size(st["ws_jv"].lanes))
-    st["user_buf"] = np.empty(plan.out_size(st["ws_user"].lanes))
-    st["jv_ready"] = False
-    st["threads"] = _thread_count(threads, n)
-    for k in ("nfev", "njev", "njtsetup", "njtimes", "npsetup", "npeval", "npsolve"):
-        st[k] = 0
+    st = _State.new(r, j, plan, thread_count(threads, n))
+    run_f = st.run_f                # bound calls: every check and kernel choice made once
     sign = -1.0 if kind == "ida" else 1.0
     diag = np.arange(n)
 
@@ -526,30 +523,30 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     def bound(name):
         b = binds.get(name)
         if b is None:
-            b = binds[name] = j.bind(plan, st[name], keep_point=False)
+            b = binds[name] = j.bind(plan, getattr(st, name), keep_point=False)
         return b
 
     def eval_dense(t, y):
-        st["njev"] += 1
-        bound("ws_dense")(np.ascontiguousarray(y), pv, t, fv, st["dense_buf"])
-        return st["dense_buf"]
+        st.counters.njev += 1
+        bound("ws_dense")(np.ascontiguousarray(y), pv, t, fv, st.dense_buf)
+        return st.dense_buf
 
     def eval_jv(t, y):
-        st["njtsetup"] += 1
-        bound("ws_jv")(np.ascontiguousarray(y), pv, t, fv, st["jv_buf"])
-        st["jv_ready"] = True
+        st.counters.njtsetup += 1
+        bound("ws_jv")(np.ascontiguousarray(y), pv, t, fv, st.jv_buf)
+        st.jv_ready = True
 
     def apply_jv(v, Jv):
-        st["njtimes"] += 1
+        st.counters.njtimes += 1
         Jv.fill(0.0)
-        j.apply(plan, st["ws_jv"], np.ascontiguousarray(v), Jv)
+        j.apply(plan, st.ws_jv, np.ascontiguousarray(v), Jv)
 
     opts = dict(options)
     opts.update(rtol=rtol, atol=atol, linsolver=linsolver, old_api=False)
     fns: dict = {}
     if kind == "cvode":
         def rhsfn(t, y, ydot):
-            st["nfev"] += 1
+            st.counters.nfev += 1
             run_f(y, pv, t, fv, ydot)
             return 0
         fns["rhsfn"] = _guard(st, rhsfn)
@@ -557,14 +554,14 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         tmp = np.empty(n)
 
         def resfn(t, y, yp, result):
-            st["nfev"] += 1
+            st.counters.nfev += 1
             run_f(y, pv, t, fv, tmp)
             np.subtract(yp, tmp, out=result)
             return 0
         fns["resfn"] = _guard(st, resfn)
 
     if linsolver in ("band", "lapackband"):
-        lb, ub = _bandwidths(rows, cols)
+        lb, ub = bandwidths(rows, cols)
         if max(lb, ub) > n / 2:
             raise JacError("bad_option",
                            f"the Jacobian is not banded (lower/upper bandwidth {lb}/{ub} of n = {n}); "
@@ -590,11 +587,11 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         # J·v from the Jacobian the preconditioner setup last evaluated (lagged
         # like a direct solver's), on the preconditioner's own workspace.
         def jac_times_vecfn(v, Jv, t, y):
-            pc = st["pc"]
+            pc = st.pc
             if not pc.ready:
-                st["npeval"] += 1
+                st.counters.npeval += 1
                 pc.evaluate(float(t), np.ascontiguousarray(y), pv, fv)
-            st["njtimes"] += 1
+            st.counters.njtimes += 1
             Jv.fill(0.0)
             j.apply(pc.plan, pc.ws, np.ascontiguousarray(v), Jv)
             return 0
@@ -606,7 +603,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                 return 0
 
             def jac_times_vecfn(v, Jv, t, y):
-                if not st["jv_ready"]:
+                if not st.jv_ready:
                     eval_jv(t, y)
                 apply_jv(v, Jv)
                 return 0
@@ -616,7 +613,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                 return 0
 
             def jac_times_vecfn(t, y, yp, rr, v, Jv, cj):
-                if not st["jv_ready"]:
+                if not st.jv_ready:
                     eval_jv(t, y)
                 apply_jv(v, Jv)
                 Jv *= sign                  # ∂F/∂y v = -J v
@@ -627,14 +624,14 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
 
     if precond is not None:
         pc = _BlockPC(r, j, plan) if precond == "block" else _BandedPC(r, j, axis)
-        st["pc"] = pc
+        st.pc = pc
 
         def prec_setupfn(t, y, jok, jcurPtr, gamma):
-            st["npsetup"] += 1
+            st.counters.npsetup += 1
             if jok and pc.ready:
                 jcurPtr.value = False           # reuse the saved Jacobian, refactor with gamma
             else:
-                st["npeval"] += 1
+                st.counters.npeval += 1
                 pc.evaluate(float(t), np.ascontiguousarray(y), pv, fv)
                 jcurPtr.value = True
             try:
@@ -644,7 +641,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
             return 0
 
         def prec_solvefn(t, y, r_, z, gamma, delta, lr):
-            st["npsolve"] += 1
+            st.counters.npsolve += 1
             pc.solve(r_, z)
             return 0
         fns["prec_setupfn"] = _guard(st, prec_setupfn)
@@ -661,15 +658,14 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     except ValueError as exc:
         raise JacError("bad_option", f"scikits.odes refused the {kind} options: {exc}") from exc
     shown = {k: v for k, v in opts.items() if not callable(v)}
-    prob = SundialsProblem(kind, solver, r, j, plan, yv, r.names, pv, fv, linsolver, precond,
+    prob = SundialsProblem(r, j, plan, yv, tuple(r.names), pv, fv, kind, solver, linsolver, precond,
                            shown, fns.get("rhsfn"), fns.get("resfn"), fns.get("jacfn"),
                            fns.get("jac_times_setupfn"), fns.get("jac_times_vecfn"),
                            fns.get("prec_setupfn"), fns.get("prec_solvefn"), st, note)
-    if st["threads"] == "measure":
-        from .scipy import _measure_threads
-        st["threads"] = None
+    if st.threads == "measure":
+        st.threads = None
         _warm(prob, fns)                    # compile both twins before timing
-        st["threads"] = _measure_threads(lambda: (prob.f(0.0, yv), prob.jv(0.0, yv, yv)))
+        st.threads = measure_threads(lambda: (prob.f(0.0, yv), prob.jv(0.0, yv, yv)))
     _warm(prob, fns)
     return prob
 
@@ -709,13 +705,12 @@ def _warm(prob: "SundialsProblem", fns: dict) -> None:
     """Compile every kernel the solver's callbacks reach (RHS, Jacobian
     scatter, J·v, preconditioner blocks) before the first timed call, at
     the thread count the solve runs with; counters are reset afterwards."""
-    st = prob._st
     y = prob.y0
     try:
         prob.f(0.0, y)
         if prob.linsolver in _KRYLOV[prob.kind] or prob.jacfn is not None:
             prob.jv(0.0, y, np.zeros_like(y))
-        pc = st.get("pc")
+        pc = prob._state.pc
         if pc is not None:
             prob._run(pc.evaluate, 0.0, y, prob.p, prob.forcing)
             pc.factor(0.0)
@@ -802,19 +797,14 @@ def _find_odes() -> bool:
 
 @hookimpl
 def esmjac_adapter() -> Adapter:
-    try:
-        version = importlib.metadata.version("scikits.odes")
-    except importlib.metadata.PackageNotFoundError:
-        version = ""
+    version = dist_version("scikits.odes")
     kinds = {"sundials.cvode": cvode, "sundials.ida": ida}
     if _find_odes():
         return Adapter("sundials", version, kinds, True,
-                           f"scikits.odes {version or '(version unknown)'} (SUNDIALS CVODE/IDA)")
+                       f"scikits.odes {version or '(version unknown)'} (SUNDIALS CVODE/IDA)")
     return Adapter("sundials", version, kinds, False,
-                       "scikits.odes is not installed; pip install 'esmjac[sundials]' "
-                       "(needs libsundials-dev), or use kind 'scipy.ivp'")
-
-
+                   "scikits.odes is not installed; pip install 'esmjac[sundials]' "
+                   "(needs libsundials-dev), or use kind 'scipy.ivp'")
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, _thaw, add, free_names, is_zero, iter_children, map_children, mul, node, op,
+from ..model.expr import (AGG, Node, _thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
                           substitute)
 from .clip import clip_regions
 from .inline import range_of, region_bound
@@ -88,18 +88,6 @@ def sorted_sites(e, v: str) -> list:
             continue
         stack.extend(iter_children(x))
     return [found[k] for k in sorted(found)]
-
-
-def is_array_expr(e, ctx: Ctx) -> bool:
-    if isinstance(e, str):
-        return ctx.is_array(e)
-    if not isinstance(e, Node):
-        return False
-    if e.op in (AGG, "makearray", "arrayop", "broadcast", "reshape", "transpose", "concat"):
-        return True
-    if e.op == "index":
-        return False
-    return any(is_array_expr(x, ctx) for x in e.args)
 
 
 def bands(rhs, v: str, ctx: Ctx, shape_u=()) -> list:
@@ -377,12 +365,7 @@ def _makearray(out, e: Node, v, ctx, scale) -> None:
                 _aggregate(sub, val, v, sctx, sub_shape, scale, absolute=True)
             else:
                 _array(sub, val, v, sctx, sub_shape, scale)
-            if isinstance(val, Node) and val.op == AGG:
-                vr = dict(val.attr("ranges") or ())
-                origins = [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1
-                           for n in (val.attr("output_idx") or ())]
-            else:
-                origins = [1] * len(nonsing)
+            origins = value_origins(val, ctx, len(nonsing))
             for b in sub:
                 ridx, rows2, subst = place_subregion(rows, len(b.ridx) == len(rows), origins,
                                                      b.rows, b.ridx)
@@ -455,6 +438,17 @@ def _agg_at(e: Node, idx: list, ctx: Ctx):
                        "(it contracts, filters or starts past 1)")
     sub = aligned(_axis_sets(e), idx, ctx, len(oidx))
     return substitute(e.body, dict(zip(oidx, sub)))
+
+
+def value_origins(val, ctx: Ctx, axes: int) -> list:
+    """Where the indices of a value placed into a sub-region start: an
+    aggregate's output ranges' lower bounds (1 for an output index without a
+    range), else 1 on each of ``axes`` (shared by the calculus and the RHS
+    lowering, so both place a sub-region the same way)."""
+    if isinstance(val, Node) and val.op == AGG:
+        vr = dict(val.attr("ranges") or ())
+        return [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1 for n in (val.attr("output_idx") or ())]
+    return [1] * axes
 
 
 def normalize_band(b: Band) -> Band:

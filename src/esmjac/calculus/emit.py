@@ -16,6 +16,7 @@ reference goldens spell it (pass ``agg_spelling="faq"`` for esm ≥ 1.1.0).
 """
 from __future__ import annotations
 
+from ..errors import JacError
 from ..model.expr import Node, iter_children, map_children, node, node_count, stable_json, to_wire
 from ..linalg.factorization import block_lu_plan
 from .structure import detect_structure
@@ -128,7 +129,6 @@ def expand_templates(e, registry: dict):
     if e.op == "apply_expression_template":
         name = e.attr("name")
         if name not in registry:
-            from ..errors import JacError
             raise JacError("bad_argument", f"template reference `{name}` is not in the block")
         return expand_templates(registry[name], registry)
     return map_children(e, lambda c: expand_templates(c, registry))

@@ -59,7 +59,11 @@ from typing import Any
 
 import numpy as np
 
+from .._frozen import FrozenMap
+from .._version import __version__
 from ..errors import JacError
+from ..model.deep import run_deep
+from ..model.expr import Node, _FDict, iter_children, node
 
 __all__ = ["cache_dir", "content_hash", "load_source", "code_version", "document_key",
            "dependency_files", "store_product", "load_product", "numba_cache_failure",
@@ -176,7 +180,6 @@ def content_hash(*parts: str) -> str:
     """SHA-256 over ``parts`` and the esmjac/Numba/code versions."""
     import numba
 
-    from .. import __version__
     h = hashlib.sha256()
     for s in (__version__, numba.__version__, code_version(), *parts):
         h.update(s.encode())
@@ -448,7 +451,6 @@ class _Corrupt(Exception):
 
 def _encode(obj: Any, types: dict, skip: dict) -> tuple:
     """(JSON-ready tree, arrays) of ``obj`` (see module docstring)."""
-    from ..model.expr import Node, _FDict
     arrays: list = []
     nodes: list = []
     ids: dict = {}
@@ -465,7 +467,6 @@ def _encode(obj: Any, types: dict, skip: dict) -> tuple:
                 nodes.append([x.op, enc(x.args), enc(x.body), enc(x.extra)])
                 continue
             stack.append((x, True))
-            from ..model.expr import iter_children
             for c in iter_children(x):
                 if isinstance(c, Node) and id(c) not in ids:
                     stack.append((c, False))
@@ -483,6 +484,8 @@ def _encode(obj: Any, types: dict, skip: dict) -> tuple:
             return {"n": ids[id(x)]}
         if isinstance(x, _FDict):
             return {"fd": [[k, enc(v)] for k, v in x]}
+        if isinstance(x, FrozenMap):
+            return {"fm": [[enc(k), enc(v)] for k, v in x.items()]}
         if isinstance(x, tuple):
             return {"t": [enc(v) for v in x]}
         if isinstance(x, list):
@@ -512,7 +515,6 @@ def _encode(obj: Any, types: dict, skip: dict) -> tuple:
 
 
 def _decode(tree: dict, arrays, types: dict) -> Any:
-    from ..model.expr import _FDict, node
     built: list = []
 
     def dec(x):
@@ -531,6 +533,8 @@ def _decode(tree: dict, arrays, types: dict) -> Any:
             return tuple(dec(v) for v in x["t"])
         if "fd" in x:
             return _FDict((str(k), dec(v)) for k, v in x["fd"])
+        if "fm" in x:
+            return FrozenMap((_key(dec(k)), dec(v)) for k, v in x["fm"])
         if "d" in x:
             return {_key(dec(k)): dec(v) for k, v in x["d"]}
         if "fs" in x:
@@ -597,7 +601,6 @@ def store_product(key: str, obj: Any, deps: list, types: dict, skip: dict | None
     """Write ``obj`` under ``key`` (JSON + npz, hashes beside). False (and
     nothing written) when ``obj`` holds something the format does not
     represent, or the folder cannot be written (then a warning)."""
-    from ..model.deep import run_deep
     try:
         tree, arrays = run_deep(_encode, obj, types, skip or {})
     except _Unstorable as exc:
@@ -628,7 +631,6 @@ def store_product(key: str, obj: Any, deps: list, types: dict, skip: dict | None
 def load_product(key: str, types: dict) -> Any | None:
     """The product stored under ``key``, or None (missing, corrupt, stale or
     from another key: each a logged cache miss; corrupt files are removed)."""
-    from ..model.deep import run_deep
     stem = cache_dir() / f"b{key[:40]}"
     jpath, npath = stem.with_suffix(".json"), stem.with_suffix(".npz")
     data = _read_verified(jpath)

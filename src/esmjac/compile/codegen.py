@@ -39,10 +39,12 @@ import keyword
 import re
 from dataclasses import dataclass
 
-from .. import __version__
+from .._version import __version__
 from ..errors import JacError, in_equation
-from ..model.expr import format_float
+from ..model.expr import add, format_float
+from ..model.layout import strides as row_major_strides
 from .ssa import Block, Lowering
+from .tape import encode
 
 __all__ = ["generate", "Generated", "GENERATOR"]
 
@@ -176,12 +178,7 @@ class _Printer:
         if op == "table":
             flat, shape = args[:2]
             terms = []
-            st = 1
-            strides = []
-            for n in reversed(shape):
-                strides.append(st)
-                st *= n
-            for n, s, iv in zip(shape, reversed(strides), args[2:]):
+            for n, s, iv in zip(shape, row_major_strides(shape), args[2:]):
                 terms.append(f"(min(max(int({r(iv)}), 1), {n}) - 1) * {s}")
             return f"({', '.join(_lit(x) for x in flat)},)[{' + '.join(terms)}]"
         if op == "neg":
@@ -356,7 +353,6 @@ def tape_program(doc, dest=None):
     With ``dest`` (per field: its slot of a unit-stride lane plan) the body
     stores slots directly: the bands of one slot are summed in plan order
     (field order) first, so each slot is stored once."""
-    from .tape import encode
     if doc.kind != "cell":
         raise JacError("bad_option", "the tape engine runs cell-lane programs only")
     low = _lowering(doc)
@@ -420,7 +416,6 @@ def _cell_outputs(doc) -> list:
     sidx = {n: s for s, n in enumerate(doc.layout.states)}
     for f in doc.fields:
         per[sidx[f.row]].append(doc.expanded(f.expr))
-    from ..model.expr import add
     return [(("state", s), [add(*es) if es else 0]) for s, es in per.items()]
 
 
@@ -671,13 +666,7 @@ def _uses_idx(blk: Block, d: int) -> bool:
 def _row_pos(base: int, shape: tuple, pins: tuple, dims) -> str:
     names = {n: k for k, (n, _, _) in enumerate(dims)}
     terms = [str(base)]
-    st = 1
-    strides = []
-    for n in reversed(shape):
-        strides.append(st)
-        st *= n
-    strides.reverse()
-    for p, s in zip(pins, strides):
+    for p, s in zip(pins, row_major_strides(shape)):
         if isinstance(p, str):
             terms.append(f"(int(d{names[p]}) - 1) * {s}")
         else:

@@ -31,14 +31,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..model.deep import run_deep
 from ..calculus.inline import inline_observed
 from ..errors import JacError
-from ..model.expr import AGG, Node, iter_children, map_children, node, node_count, stable_json, substitute, to_wire
+from ..model.deep import run_deep
+from ..model.expr import (AGG, Node, free_names, iter_children, map_children, node, node_count, stable_json,
+                          substitute, to_wire)
+from ..model.layout import ModelLayout, model_layout
 from ..model.load import SystemView
-from ..reference.oracle import ode_states
+from .lowering import Piece, rhs_pieces
 
-__all__ = ["Field", "EvalDoc", "jacobian_doc", "rhs_doc", "model_layout", "ModelLayout"]
+__all__ = ["Field", "EvalDoc", "jacobian_doc", "rhs_doc"]
 
 EVALDOC_VERSION = "1"
 
@@ -64,90 +66,6 @@ class Field:
         for _, lo, hi in self.dims:
             n *= hi - lo + 1
         return n
-
-
-@dataclass(frozen=True)
-class ModelLayout:
-    """How a model's arrays are laid out (shared by RHS and Jacobians)."""
-
-    model: str
-    scope: str
-    states: tuple          # ODE states, declaration order
-    shapes: dict           # name → shape for every state / parameter
-    params: tuple          # scalar parameters, declaration order (``p``)
-    forcing: tuple         # array-shaped parameters, declaration order
-    all_params: tuple      # every parameter, declaration order (wrt="parameters")
-    cell_shape: tuple      # common state shape, () when states differ
-    element_type: str | None
-    box: bool = False      # a scalar box mechanism on one virtual cell axis
-    per_lane: tuple = ()   # scalar parameters read per lane from forcing
-
-    def size(self, name: str) -> int:
-        n = 1
-        for s in self.shapes.get(name, ()):
-            n *= s
-        return n
-
-    @cached_property
-    def n_state_elements(self) -> int:
-        return sum(self.size(s) for s in self.states)
-
-    @cached_property
-    def n_forcing_elements(self) -> int:
-        return sum(self.size(s) for s in self.forcing)
-
-    def state_offsets(self) -> dict:
-        """Base of each state in the flat ``evaluate_rhs`` order (L = cells)."""
-        out, off = {}, 0
-        for s in self.states:
-            out[s] = off
-            off += self.size(s)
-        return out
-
-    def forcing_offsets(self) -> dict:
-        out, off = {}, 0
-        for s in self.forcing:
-            out[s] = off
-            off += self.size(s)
-        return out
-
-
-def is_box(view: SystemView) -> bool:
-    """Whether ``view`` is a scalar box mechanism (states, all scalar, and no
-    array-valued variable at all)."""
-    states = ode_states(view)
-    return bool(states) and not any(v.shape for v in view.variables.values())
-
-
-def model_layout(view: SystemView, per_lane=()) -> ModelLayout:
-    """The layout of ``view``; ``per_lane`` names scalar parameters to read
-    per lane from ``forcing`` (cell programs)."""
-    states = tuple(ode_states(view))
-    shapes = {n: v.shape for n, v in view.variables.items() if v.kind in ("state", "parameter")}
-    if isinstance(per_lane, str):
-        raise JacError("bad_option", "per_lane is a list of parameter names, e.g. ['T', 'j_NO2']")
-    per_lane = tuple(per_lane or ())
-    for n in per_lane:
-        v = view.variables.get(n)
-        if v is None or v.kind != "parameter" or v.shape:
-            raise JacError("bad_option", f"per_lane: `{n}` is not a scalar parameter of the model "
-                           f"(scalar parameters: {', '.join(n for n, v in view.variables.items() if v.kind == 'parameter' and not v.shape)})")
-    if len(set(per_lane)) != len(per_lane):
-        raise JacError("bad_option", "per_lane names a parameter twice")
-    box = is_box(view)
-    if box:
-        shapes = {n: ((1,) if n in states or n in per_lane else ()) for n in shapes}
-    sh = {shapes.get(s, ()) for s in states}
-    cell = next(iter(sh)) if len(sh) == 1 else ()
-    if per_lane and not cell:
-        raise JacError("bad_option", "per_lane parameters need a cell program (every state on one grid)")
-    for n in per_lane:
-        shapes[n] = tuple(cell)
-    params = tuple(n for n, v in view.variables.items() if v.kind == "parameter" and not shapes[n])
-    forcing = tuple(n for n, v in view.variables.items() if v.kind == "parameter" and shapes[n])
-    allp = tuple(n for n, v in view.variables.items() if v.kind == "parameter")
-    return ModelLayout(view.name, view.scope, states, shapes, params, forcing, allp, tuple(cell),
-                       view.element_type, box, per_lane)
 
 
 def _lane_reads(lay: ModelLayout, pins) -> dict:
@@ -260,7 +178,6 @@ def _pointwise(lay: ModelLayout, rows, pins, cidx, expr, col_shape) -> bool:
 
 
 def _has_bare_arrays(lay: ModelLayout, e) -> bool:
-    from ..model.expr import free_names
     return any(lay.shapes.get(n) for n in free_names(e) if not _only_in_index(e, n))
 
 
@@ -348,7 +265,6 @@ def _hoist(fields: list, min_nodes: int = 3) -> tuple:
 
 def rhs_doc(view: SystemView, lay: ModelLayout | None = None) -> EvalDoc:
     """The evaluation document of the right-hand side."""
-    from .lowering import rhs_pieces
     lay = lay or model_layout(view)
     pieces = run_deep(rhs_pieces, view)
     if lay.box or lay.per_lane:
@@ -390,7 +306,6 @@ def _unpin(e, lay: ModelLayout, lits: tuple, names: tuple):
 
 
 def _lane_piece(lay: ModelLayout, p):
-    from .lowering import Piece
     rows, pins = _box_rows(lay, p.rows, p.pins)
     if not all(isinstance(x, str) for x in pins):
         return p                   # not pointwise: stays global

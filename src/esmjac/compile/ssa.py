@@ -28,6 +28,7 @@ import math
 from ..errors import JacError
 from ..model.closed import expand_closed
 from ..model.expr import AGG, Node, free_names, is_lit, node, substitute
+from ..model.layout import strides as row_major_strides
 
 __all__ = ["Block", "Lowering", "UNARY", "BINARY"]
 
@@ -283,12 +284,7 @@ class Lowering:
                 raise JacError("unsupported_construct", f"non-local read {x!r} in a cell-lane program")
             return blk.emit("lane", kind, where)
         ivals = tuple(self._lower(blk, a, dims, False) for a in args)
-        strides = []
-        acc = 1
-        for n in reversed(shape):
-            strides.append(acc)
-            acc *= n
-        return blk.emit("gload", kind, where, tuple(shape), tuple(reversed(strides)), *ivals)
+        return blk.emit("gload", kind, where, tuple(shape), row_major_strides(shape), *ivals)
 
     def _sum(self, blk: Block, x: Node, dims: dict, uniform_block: bool) -> int:
         if x.attr("output_idx") or x.attr("filter") is not None or \

@@ -39,6 +39,7 @@ import math
 import numba
 import numpy as np
 
+from ..errors import JacError
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU, factor_lanes, solve_lanes, tiled_size
 
 __all__ = ["STATUS", "LaneStepper", "RUNNING"]
@@ -417,7 +418,6 @@ class LaneStepper:
         """Evaluate a forcing callable at per-lane ``times`` into FZ."""
         val = np.asarray(fcall(times[:m], self.idx[:m]), dtype=np.float64)
         if val.size != self.nf * m:
-            from ..errors import JacError
             raise JacError("bad_argument",
                            f"forcing(t, lanes) returned {val.size} values; expected "
                            f"{self.nf} fields x {m} lanes (shape ({self.nf}, {m}))")

@@ -41,6 +41,7 @@ import numba
 import numpy as np
 
 from ..errors import JacError
+from ..runtime import checks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU, single_chunk_threads
 
 __all__ = ["rosenbrock", "RosenbrockResult", "METHODS"]
@@ -307,17 +308,6 @@ def _pos_int(name, v) -> int:
     return int(v)
 
 
-def positive_number(name: str, v, code: str = "bad_argument") -> float:
-    """``float(v)`` if it is a finite positive number, else a typed refusal."""
-    try:
-        r = float(v)
-    except (TypeError, ValueError):
-        raise JacError(code, f"{name} must be a number, got {v!r}") from None
-    if not (r > 0.0 and math.isfinite(r)):
-        raise JacError(code, f"{name} must be positive, got {v!r}")
-    return r
-
-
 def _perm_arrays(perm, n):
     if perm is None:
         p = np.arange(n, dtype=np.int64)
@@ -412,15 +402,8 @@ def rosenbrock(
     if not np.all(np.isfinite(Y)):
         raise JacError("bad_argument", "u0 has non-finite values")
 
-    try:
-        t0, tf = (float(x) for x in t_span)
-    except (TypeError, ValueError):
-        raise JacError("bad_argument", f"t_span must be (t0, tf), got {t_span!r}") from None
-    if not (math.isfinite(t0) and math.isfinite(tf)) or tf < t0:
-        raise JacError("bad_argument", f"t_span must be finite with tf >= t0, got {(t0, tf)}")
-    rtol = float(rtol)
-    if not (rtol > 0.0 and math.isfinite(rtol)):
-        raise JacError("bad_argument", f"rtol must be positive, got {rtol}")
+    t0, tf = checks.time_span(t_span)
+    rtol = checks.positive("rtol", rtol)
     at = np.asarray(atol, dtype=np.float64)
     if at.ndim == 0:
         at = np.full(n, float(at))
@@ -429,7 +412,7 @@ def rosenbrock(
     at = np.ascontiguousarray(at)
 
     if h0 is not None:
-        h0 = positive_number("h0", h0)
+        h0 = checks.positive("h0", h0)
 
     span = tf - t0
     res = RosenbrockResult(t0, Y, 0, 0, 0, 0, 0, 0, 0, True, "", 0.0)

@@ -12,18 +12,22 @@ CSR), are immutable, picklable and serialize to deterministic JSON.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .._frozen import FrozenMap, frozen_arrays
+from ..compile.ssa import _table
 from ..errors import JacError
-from ..model.expr import Node, is_lit
 from ..linalg.factorization import block_order
+from ..model.expr import Node, is_lit
+from ..model.layout import strides
 from .types import ColumnBanded, Csc, Csr, LaneBlocks, LaneSparseBlocks, tile_capacity, tile_index, tile_width
 
-__all__ = ["ScatterPlan", "build_plan", "field_meta"]
+__all__ = ["ScatterPlan", "build_plan", "field_meta", "column_split"]
 
 _I = np.int64
 
@@ -41,7 +45,6 @@ def _ival(e, env: dict):
     if not isinstance(e, Node):
         raise JacError("unsupported_construct", f"cannot evaluate the index {e!r}")
     if e.op == "index" and isinstance(e.args[0], Node) and e.args[0].op == "const":
-        from ..compile.ssa import _table
         flat, shape = _table(e.args[0].attr("value"))
         idx = [np.asarray(_ival(x, env), dtype=float) for x in e.args[1:]]
         f = _flat(idx, shape, max([np.size(i) for i in idx] + [1]))
@@ -79,19 +82,11 @@ def _ival(e, env: dict):
                    f"a column index computed with `{o}` (data-dependent or unsupported) is not compiled")
 
 
-def _strides(shape) -> list:
-    st, acc = [], 1
-    for n in reversed(shape):
-        st.append(acc)
-        acc *= n
-    return st[::-1]
-
-
 def _flat(idx: list, shape: tuple, npts: int):
     """Row-major flat index of 1-based ``idx`` arrays; -1 outside ``shape``."""
     flat = np.zeros(npts, dtype=_I)
     ok = np.ones(npts, dtype=bool)
-    for x, n, st in zip(idx, shape, _strides(shape)):
+    for x, n, st in zip(idx, shape, strides(shape)):
         x = np.broadcast_to(np.asarray(x, dtype=float), (npts,))
         xi = np.rint(x)
         if np.any(xi != x):
@@ -125,11 +120,11 @@ def _gather(tgt_key, other, src, order):
     return t[starts].astype(_I), ptr, src[order].astype(_I), other[order].astype(_I)
 
 
-def field_meta(doc, lay, cvars: tuple, cbase: dict) -> dict:
+def field_meta(doc, lay, cvars: tuple, cbase) -> FrozenMap:
     """Read-only index arrays of a Jacobian program (rows, columns, gathers)."""
     if doc.kind == "cell":
-        return _cell_meta(doc, lay, cvars)
-    return _global_meta(doc, lay, cbase)
+        return frozen_arrays(_cell_meta(doc, lay, cvars))
+    return frozen_arrays(_global_meta(doc, lay, cbase))
 
 
 def _cell_meta(doc, lay, cvars: tuple) -> dict:
@@ -219,23 +214,32 @@ def _points(prog) -> tuple:
 
 @dataclass(frozen=True, eq=False)
 class ScatterPlan:
-    """A checked, immutable scatter map (see module docstring)."""
+    """A checked, immutable scatter map (see module docstring): arrays are
+    read-only, ``info`` is a frozen mapping, ``key`` hashes the plan's
+    content (layout, kind, lanes, info, arrays)."""
 
     fingerprint: str           # the JacobianProgram it belongs to
     layout: Any
     kind: str                  # "lane" | "point"
-    arrays: dict               # read-only index arrays
-    info: dict                 # JSON-able facts (shape, ordering, lu_pattern, bands…)
+    arrays: FrozenMap          # read-only index arrays
+    info: FrozenMap            # JSON-able facts (shape, ordering, lu_pattern, bands…)
     lanes: int | None = None   # required lane count (None: any)
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    key: str = ""              # content hash (set by build_plan)
+    #: Derived read-only index arrays per lane count (csr_index), computed on
+    #: first use; not part of the plan's content (never pickled or compared).
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def __getstate__(self):
-        d = dict(self.__dict__)
-        d["_cache"] = {k: v for k, v in self._cache.items() if k == "fused_kernel"}
-        return d
+    def __post_init__(self):
+        object.__setattr__(self, "arrays", frozen_arrays(self.arrays))
+        object.__setattr__(self, "info", frozen_arrays(self.info))
 
-    def __setstate__(self, d):
-        self.__dict__.update(d)
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_memo"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__dict__["_memo"] = {}
+        self.__post_init__()           # pickle does not keep writeable=False
 
     @property
     def tiled(self) -> bool:
@@ -269,24 +273,11 @@ class ScatterPlan:
                            f"the {self.layout.name} plan addresses exactly {self.lanes} lanes; "
                            f"the workspace has {lanes}")
 
-    def scatter(self, B: np.ndarray, L: int, out: np.ndarray) -> None:
-        from ..runtime import kernels as K
-        a = self.arrays
-        if self.tiled:
-            K.tile_gather(B, L, self.tile_width(L), int(self.info["slots_per_lane"]),
-                          a["ptr"], a["src"], a["a"], out)
-        elif self.kind == "lane":
-            K.lane_gather(B, L, a["ptr"], a["src"], a["a"], a["b"], a["stride"], out)
-        else:
-            if self.info.get("zero_first"):
-                out[:] = 0
-            K.point_gather(B, a["ptr"], a["src"], a["pos"], out)
-
     # -- serialization --------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"esmjac_plan": 2, "layout": self.layout.name, "kind": self.kind,
                 "lanes": self.lanes,
-                "info": self.info,
+                "info": _plain(self.info),
                 "arrays": {k: v.tolist() for k, v in sorted(self.arrays.items())}}
 
     def to_json(self) -> str:
@@ -302,11 +293,11 @@ class ScatterPlan:
             raise JacError("bad_option", f"the {self.layout.name} plan has no compressed index arrays")
         L = int(self.info["cells"] if lanes is None else lanes)
         key = ("csr_index", L)
-        got = self._cache.get(key)
+        got = self._memo.get(key)
         if got is None:
             got = _csr_lanes(self.arrays, self.info, L) if "csr_clane" in self.arrays else \
                 _csc_lanes(self.arrays, self.info, L)
-            self._cache[key] = got
+            self._memo[key] = got
         return got
 
     #: The compressed (indptr, indices, shape) of a Csr or Csc plan.
@@ -413,33 +404,20 @@ def _csc(prog) -> tuple:
                       stride=np.array(stride, _I), csc_rpos=np.array(rpos, _I))
         arrays.update(_fused(arrays, prog.n_fields))
         return "lane", arrays, info, None
-    j, row, col = _points(prog)
-    o = _csr_order(col, row, j.size)
-    r, c, jj = row[o], col[o], j[o]
-    new = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])] if r.size else np.zeros(0, bool)
-    nnz = int(new.sum())
-    ptr = np.r_[np.flatnonzero(new), r.size].astype(_I) if r.size else np.zeros(1, _I)
-    indices = r[new].astype(_I)
-    indptr = np.zeros(prog.n_cols + 1, _I)
-    np.add.at(indptr, c[new] + 1, 1)
-    indptr = np.cumsum(indptr).astype(_I)
-    info = {"shape": [nrows, prog.n_cols], "nnz": nnz, "size": nnz}
-    arrays = dict(ptr=ptr, src=jj.astype(_I), pos=np.arange(nnz, dtype=_I),
-                  indptr=indptr, indices=indices)
-    return "point", arrays, info, 1
+    return _compressed_points(prog, nrows, by_column=True)
 
 
-def _ro(d: dict) -> dict:
-    for v in d.values():
-        if isinstance(v, np.ndarray):
-            v.setflags(write=False)
-    return d
+def _plain(x):
+    """JSON-able copy of frozen metadata (FrozenMap → dict, tuple → list)."""
+    if isinstance(x, (dict, FrozenMap)):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
 
 
-def build_plan(prog, layout, source=None) -> ScatterPlan:
+def build_plan(prog, layout) -> ScatterPlan:
     """Build and check a plan of ``prog`` for ``layout`` (docs/design.rst §5–§6)."""
-    if source is not None:
-        _check_source(prog, source)
     if isinstance(layout, (LaneBlocks, LaneSparseBlocks)):
         if prog.kind != "cell":
             raise JacError("nonuniform_pattern",
@@ -456,24 +434,11 @@ def build_plan(prog, layout, source=None) -> ScatterPlan:
     else:
         raise JacError("bad_option", f"unknown layout {layout!r}; use LaneBlocks, LaneSparseBlocks, "
                        "ColumnBanded, Csr or Csc")
-    return ScatterPlan(prog.fingerprint, layout, kind, _ro(arrays), info, lanes)
-
-
-def _check_source(prog, source) -> None:
-    from ..runtime.programs import RhsProgram
-    if not isinstance(source, RhsProgram):
-        raise JacError("bad_argument", f"source must be an RhsProgram, got {type(source).__name__}")
-    names = set(source.layout.states) | set(source.param_names) | set(source.forcing_names) | {"t"}
-    for v in prog.col_vars:
-        if v not in names:
-            raise JacError("unresolvable_column", f"column variable `{v}` does not resolve in the RhsProgram")
-    for en in prog.bands:
-        if en.row not in names:
-            raise JacError("unresolvable_column", f"row variable `{en.row}` does not resolve in the RhsProgram")
-    if source.layout_fingerprint != prog.layout_fingerprint:
-        raise JacError("foreign_layout",
-                       "the RhsProgram was built from a different model or layout (its fingerprint "
-                       "differs from this JacobianProgram's)")
+    h = hashlib.sha256(repr((layout.name, kind, lanes, sorted(info.items()))).encode())
+    for k in sorted(arrays):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(arrays[k], dtype=_I).tobytes())
+    return ScatterPlan(prog.fingerprint, layout, kind, arrays, info, lanes, h.hexdigest())
 
 
 def _block_pattern(prog) -> tuple:
@@ -591,22 +556,41 @@ def _csr(prog) -> tuple:
                       stride=np.array(stride, _I), csr_clane=clane, csr_cpos=cpos)
         arrays.update(_fused(arrays, prog.n_fields))
         return "lane", arrays, info, None
+    return _compressed_points(prog, nrows, by_column=False)
+
+
+def _compressed_points(prog, nrows: int, by_column: bool) -> tuple:
+    """A point plan in compressed order: ``(kind, arrays, info, lanes)``
+    with SciPy's CSR (``by_column=False``: rows major) or CSC (columns
+    major) ``indptr``/``indices``; the bands of one entry are summed in
+    field order (``ptr``/``src``), each entry stored once (``pos``)."""
     j, row, col = _points(prog)
-    o = _csr_order(row, col, j.size)
-    r, c, jj = row[o], col[o], j[o]
-    new = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])] if r.size else np.zeros(0, bool)
-    slot = np.cumsum(new) - 1
+    major, minor = (col, row) if by_column else (row, col)
+    o = _csr_order(major, minor, j.size)
+    a, b, jj = major[o], minor[o], j[o]
+    new = np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])] if a.size else np.zeros(0, bool)
     nnz = int(new.sum())
-    ptr = np.r_[np.flatnonzero(new), r.size].astype(_I) if r.size else np.zeros(1, _I)
-    indices = c[new].astype(_I)
-    indptr = np.zeros(nrows + 1, _I)
-    np.add.at(indptr, r[new] + 1, 1)
+    ptr = np.r_[np.flatnonzero(new), a.size].astype(_I) if a.size else np.zeros(1, _I)
+    indptr = np.zeros((prog.n_cols if by_column else nrows) + 1, _I)
+    np.add.at(indptr, a[new] + 1, 1)
     indptr = np.cumsum(indptr).astype(_I)
     info = {"shape": [nrows, prog.n_cols], "nnz": nnz, "size": nnz}
-    del slot
     arrays = dict(ptr=ptr, src=jj.astype(_I), pos=np.arange(nnz, dtype=_I),
-                  indptr=indptr, indices=indices)
+                  indptr=indptr, indices=b[new].astype(_I))
     return "point", arrays, info, 1
+
+
+def column_split(e: np.ndarray, shape: tuple, ns: int, axis: int) -> tuple:
+    """ColumnBanded coordinates of flat state elements ``e`` (species-major,
+    cells row-major): the column (lane) each lies in, and its unknown within
+    the column, level-major (``level*ns + species``)."""
+    N = int(np.prod(shape))
+    s, cell = np.divmod(e, N)
+    idx = np.unravel_index(cell, shape)
+    rest = [x for d, x in enumerate(idx) if d != axis]
+    rshape = [n for d, n in enumerate(shape) if d != axis]
+    lane = np.ravel_multi_index(rest, rshape) if rest else np.zeros_like(cell)
+    return lane, idx[axis] * ns + s
 
 
 def _column_banded(prog, layout: ColumnBanded) -> tuple:
@@ -625,17 +609,8 @@ def _column_banded(prog, layout: ColumnBanded) -> tuple:
     C = N // nz
     j, row, col = _points(prog)
 
-    def split(e):
-        s, cell = np.divmod(e, N)
-        idx = np.unravel_index(cell, shape)
-        lev = idx[axis]
-        rest = [x for d, x in enumerate(idx) if d != axis]
-        rshape = [n for d, n in enumerate(shape) if d != axis]
-        lane = np.ravel_multi_index(rest, rshape) if rest else np.zeros_like(cell)
-        return lane, lev * ns + s
-
-    rl, ri = split(row)
-    cl, ci = split(col)
+    rl, ri = column_split(row, shape, ns, axis)
+    cl, ci = column_split(col, shape, ns, axis)
     if np.any(rl != cl):
         raise JacError("nonuniform_pattern",
                        f"the Jacobian couples different columns along axis {axis}; ColumnBanded "

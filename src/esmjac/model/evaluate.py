@@ -14,6 +14,7 @@ import itertools
 import math
 
 from ..errors import JacError
+from .closed import expand_closed
 from .expr import AGG, Node, is_lit
 
 __all__ = ["Decline", "ev", "interp_linear", "interp_bilinear"]
@@ -182,7 +183,6 @@ def _fn(e: Node, env: dict, index_fn) -> float:
     if name.startswith("datetime.") or name == "interp.searchsorted":
         # The same primitive arithmetic the compiler runs (model/closed.py),
         # checked against earthsci-ast's own closed functions in the tests.
-        from .closed import expand_closed
         try:
             return ev(expand_closed(e), env, index_fn)
         except JacError as exc:

@@ -25,7 +25,7 @@ __all__ = [
     "Node", "Expr", "AGG", "node", "with_args", "lit", "op", "is_lit", "is_zero", "is_one",
     "add", "mul", "neg", "map_children", "iter_children", "walk",
     "free_names", "from_ast", "to_ast", "to_wire", "from_wire",
-    "stable_json", "format_float", "node_count", "substitute",
+    "stable_json", "format_float", "node_count", "substitute", "lhs_state",
 ]
 
 AGG = "aggregate"                     # internal tag for faq / aggregate
@@ -267,6 +267,24 @@ def map_children(e: Node, fn: Callable[[Expr], Expr]) -> Node:
     return node(e.op, args, body, **fields)
 
 
+ARRAY_OPS = (AGG, "makearray", "arrayop", "broadcast", "reshape", "transpose", "concat")
+
+
+def is_array_expr(e: Expr, arrays) -> bool:
+    """Whether ``e`` is array-valued: an array name (``arrays.is_array``), an
+    array constructor (:data:`ARRAY_OPS`), or an elementwise operation with an
+    array operand. ``index(...)`` reads one element, so it is scalar."""
+    if isinstance(e, str):
+        return arrays.is_array(e)
+    if not isinstance(e, Node):
+        return False
+    if e.op in ARRAY_OPS:
+        return True
+    if e.op == "index":
+        return False
+    return any(is_array_expr(x, arrays) for x in e.args)
+
+
 def walk(e: Expr) -> Iterator[Expr]:
     """Pre-order walk of every node and leaf (iterative: no recursion limit)."""
     stack = [e]
@@ -341,17 +359,20 @@ def _canon_num(x: Any) -> Any:
     return x
 
 
+def _leaf(x):
+    """A boolean, number or name leaf in canonical form (bool → int)."""
+    if isinstance(x, bool):
+        return int(x)
+    return x if isinstance(x, str) else _canon_num(x)
+
+
 def from_ast(e: Any) -> Expr:
     """Convert an ``earthsci_ast`` expression (ExprNode / str / number)."""
     from earthsci_ast.esm_types import ExprNode  # the boundary type
     import dataclasses
 
-    if isinstance(e, bool):
-        return int(e)
-    if isinstance(e, (int, float)):
-        return _canon_num(e)
-    if isinstance(e, str):
-        return e
+    if isinstance(e, (bool, int, float, str)):
+        return _leaf(e)
     if not isinstance(e, ExprNode):
         raise TypeError(f"not an expression: {e!r}")
     fields: dict = {}
@@ -399,12 +420,8 @@ def to_wire(e: Expr, agg_spelling: str = "aggregate") -> Any:
 
 def from_wire(d: Any) -> Expr:
     """Inverse of :func:`to_wire` (also accepts raw ``.esm`` JSON expressions)."""
-    if isinstance(d, bool):
-        return int(d)
-    if isinstance(d, (int, float)):
-        return _canon_num(d)
-    if isinstance(d, str):
-        return d
+    if isinstance(d, (bool, int, float, str)):
+        return _leaf(d)
     if not isinstance(d, dict):
         raise TypeError(f"not a wire expression: {d!r}")
     fields = {}
@@ -505,3 +522,20 @@ class _Raw:
 def _json_str(s: str) -> str:
     import json
     return json.dumps(s, ensure_ascii=False)
+
+
+def lhs_state(lhs) -> str | None:
+    """The state an equation integrates: ``D(u)``, ``D(u[i…])`` or the
+    pointwise-lifted ``aggregate{expr: D(index(u, …))}`` form."""
+    if not isinstance(lhs, Node):
+        return None
+    if lhs.op == AGG and isinstance(lhs.body, Node) and lhs.body.op == "D":
+        a = lhs.body.args[0]
+        if isinstance(a, Node) and a.op == "index" and isinstance(a.args[0], str):
+            return a.args[0]
+        return None
+    if lhs.op == "D" and (lhs.attr("wrt") in (None, "t")):
+        a = lhs.args[0]
+        if isinstance(a, str):
+            return a
+    return None

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JacError
-from .expr import AGG, Node, _thaw, add, from_ast, map_children, node, substitute
+from .expr import AGG, Node, _thaw, add, from_ast, lhs_state, map_children, node, substitute
+from .validate import validate_view
 
 __all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state", "integrated_states"]
 
@@ -294,23 +295,6 @@ def unroll_extrema(e, sizes: dict):
     return go(e)
 
 
-def lhs_state(lhs) -> str | None:
-    """The state an equation integrates: ``D(u)``, ``D(u[i…])`` or the
-    pointwise-lifted ``aggregate{expr: D(index(u, …))}`` form."""
-    if not isinstance(lhs, Node):
-        return None
-    if lhs.op == AGG and isinstance(lhs.body, Node) and lhs.body.op == "D":
-        a = lhs.body.args[0]
-        if isinstance(a, Node) and a.op == "index" and isinstance(a.args[0], str):
-            return a.args[0]
-        return None
-    if lhs.op == "D" and (lhs.attr("wrt") in (None, "t")):
-        a = lhs.args[0]
-        if isinstance(a, str):
-            return a
-    return None
-
-
 def _sizes(index_sets: dict) -> dict:
     out = {}
     for n, s in (index_sets or {}).items():
@@ -343,7 +327,6 @@ def load_view(source: Any, model: str | None = None) -> SystemView:
     models, coupling entries, reaction systems, nested subsystems) is viewed
     through ``earthsci_ast.flatten``. ``model=`` picks one model of several.
     """
-    from .validate import validate_view
     view = _load_view(source, model)
     validate_view(view)
     return view

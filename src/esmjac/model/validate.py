@@ -25,7 +25,8 @@ import math
 from typing import Any
 
 from ..errors import JacError
-from .expr import AGG, Node, iter_children, stable_json, to_wire
+from ..limits import workspace_limit as state_bytes_limit
+from .expr import AGG, Node, iter_children, lhs_state, stable_json, to_wire
 
 __all__ = ["validate_view", "MAX_SIZE"]
 
@@ -85,7 +86,6 @@ def _index_sets(view) -> None:
             raise _refuse(f"index set `{name}` has size {size!r}; a size is a positive integer")
         if not 1 <= size <= MAX_SIZE:
             raise _refuse(f"index set `{name}` has size {size}; sizes must be between 1 and {MAX_SIZE}")
-    from ..limits import workspace_limit as state_bytes_limit
     n = 0
     for v in view.variables.values():
         if v.kind in ("state", "parameter", "algebraic"):
@@ -103,13 +103,11 @@ def _names(view) -> None:
 
 
 def _eq_name(view, k: int, lhs) -> str:
-    from .load import lhs_state
     s = lhs_state(lhs)
     return f"equation {k + 1} (D({s}))" if s else f"equation {k + 1} ({_show(lhs, 60)})"
 
 
 def _duplicates(view) -> None:
-    from .load import lhs_state
     seen: dict = {}
     for k, (lhs, _) in enumerate(view.equations):
         s = lhs_state(lhs)
@@ -126,7 +124,6 @@ def _duplicates(view) -> None:
 
 
 def _undefined(view) -> None:
-    from .load import lhs_state
     defined = set(view.observed) | set(view.indexed_observed)
     for lhs, _ in view.equations:
         if isinstance(lhs, str):

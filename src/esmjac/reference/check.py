@@ -36,7 +36,8 @@ import numpy as np
 
 from ..calculus.bandset import BandSet
 from ..errors import JacError, typed_errors
-from .oracle import assemble, element_names, ode_states, resolve_point
+from ..model.layout import element_names, ode_states, resolve_point
+from .oracle import assemble
 
 __all__ = ["FDReport", "fd_check", "rhs_vector", "MAGNITUDES"]
 

@@ -18,11 +18,18 @@ the same per-lane arithmetic, so its bits equal the parallel kernel's.
 """
 from __future__ import annotations
 
+import inspect
+import textwrap
 from typing import Callable
 
 import numpy as np
 
+from ..compile.cache import load_source
+from ..compile.tape import run_tape
 from ..errors import JacError
+from . import checks
+from . import kernels as K
+from .workspace import lane_cells
 
 __all__ = ["BoundJacobian", "BoundRhs", "SERIAL_BELOW"]
 
@@ -41,10 +48,7 @@ def serial_twin(fn):
     kernel cache by content hash, like the model kernels."""
     tw = _TWINS.get(fn)
     if tw is None:
-        import inspect
-        import textwrap
 
-        from ..compile.cache import load_source
         py = fn.py_func
         lines = textwrap.dedent(inspect.getsource(py)).splitlines()
         body = "\n".join(x for x in lines if not x.startswith("@")).replace("nb.prange(", "range(")
@@ -73,7 +77,6 @@ def serial_driver(mod, calls: tuple):
     key = (mod.__name__, calls)
     d = _DRIVERS.get(key)
     if d is None:
-        from ..compile.cache import load_source
         lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
                  "import sys as _sys", "import numba as nb", "import numpy as np",
                  f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
@@ -92,7 +95,6 @@ def serial_driver(mod, calls: tuple):
 
 def _refuse(name: str, x, n: int, dtype) -> None:
     """The typed error for an argument that failed the cheap checks."""
-    from . import checks
     checks.vector(name, x, n, dtype, out=name == "out")
     raise JacError("bad_argument", f"`{name}` does not fit this binding")   # pragma: no cover
 
@@ -124,7 +126,6 @@ class _Bound:
         else:
             f0 = prog._forcing_default(self.lanes)
             self._f_none = None if f0 is None else np.ascontiguousarray(f0, dtype=self.dtype)
-        from . import kernels as K
         self._scan = serial_twin(K.count_nonfinite) if self.serial else K.count_nonfinite
 
     def _args(self, u, p, t, forcing, out) -> tuple:
@@ -151,7 +152,6 @@ class _Bound:
         if not out.flags.writeable:
             raise JacError("bad_argument", "`out` is read-only; pass a writable array")
         if t.__class__ is not float or not (t - t == 0.0 or t != t):
-            from . import checks
             t = checks.time(t)
         pv = p if (p is self._p_src and p is not None) else self._params(p)
         if forcing is None:
@@ -174,7 +174,6 @@ class _Bound:
     def _params(self, p) -> np.ndarray:
         if p is self._p_src and p is not None:
             return p                    # the same float64 array, checked before: read in place
-        from . import checks
         pv = checks.params(p, self.n_p)
         if p.__class__ is np.ndarray and p.dtype == np.float64 and p.flags.c_contiguous:
             self._p_src = p             # arrays only (a list may change under the same identity)
@@ -188,7 +187,6 @@ class _Bound:
         seen = self._seen
         if len(seen) == len(key) and all(a is b for a, b in zip(seen, key)):
             return
-        from . import checks
         names = ("u", "p", "forcing", "workspace h", "workspace lane map")
         checks.disjoint({"out": out}, {n: x for n, x in zip(names, ins)})
         self._seen = key
@@ -259,7 +257,6 @@ class BoundJacobian(_Bound):
         run = _rhs_like_runner(kern, serial, L, self._h, self._cix)
         a = plan.arrays
         if plan.kind == "lane":
-            from . import kernels as K
             gather = serial_twin(K.lane_gather) if serial else K.lane_gather
             ga = (a["ptr"], a["src"], a["a"], a["b"], a["stride"])
 
@@ -268,7 +265,6 @@ class BoundJacobian(_Bound):
                 gather(B, L, *ga, out)
             return body
         if plan.kind == "point" and set(a) >= {"ptr", "src", "pos"}:
-            from . import kernels as K
             pg = serial_twin(K.point_gather) if serial else K.point_gather
             pa = (a["ptr"], a["src"], a["pos"])
             zero = bool(plan.info.get("zero_first"))
@@ -279,11 +275,10 @@ class BoundJacobian(_Bound):
                     out[:] = 0
                 pg(B, *pa, out)
             return body
-        scatter = plan.scatter
 
         def body(u, p, t, f, out):
             run(u, p, t, f, B)
-            scatter(B, L, out)
+            K.scatter(plan, B, L, out)
         return body
 
     def _warm(self) -> None:
@@ -314,20 +309,16 @@ class BoundJacobian(_Bound):
         ws = self.ws
         ws.last_dtype = self._last_dtype
         ws.last_plan = self._fp
-        sec = ws.second
-        if sec:
-            sec.pop("state", None)
-            sec.pop("point", None)
+        ws.point = None
         if self.keep_point:
             pu, pp, pf = self._pt
             np.copyto(pu, u)
             np.copyto(pp, pv)
             np.copyto(pf, f)
-            sec["point"] = (pu, pp, t, pf)
+            ws.point = (pu, pp, t, pf)
         if bad is None:
             bad = self._scan(out)
         if bad:
-            from . import checks
             checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
 
@@ -337,7 +328,6 @@ class _OneLane:
     dtype, tiny arrays)."""
 
     def __init__(self, b: BoundJacobian):
-        from .programs import lane_cells
         prog, plan = b.prog, b.plan
         self.b = b
         self.u = np.ones(prog.u_size(1), dtype=b.dtype)
@@ -359,16 +349,15 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
     """``run(u, p, t, f, out)`` of a program kernel (codegen or tape) into
     its own output (the RHS, or a Jacobian's band slab)."""
     if kern.engine == "tape":
-        from ..compile.tape import run_tape
-        run_tape = serial_twin(run_tape) if serial else run_tape
+        tape = serial_twin(run_tape) if serial else run_tape
         pro, body = kern.tapes
 
         none = np.zeros(0, np.int64)          # lanes-fastest stores: no tiles, no zero slots
         none.setflags(write=False)
 
         def run(u, p, t, f, out):
-            run_tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, none)
-            run_tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, none)
+            tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, none)
+            tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, none)
         return run
     mod = kern.module()
     pro = mod.prologue
@@ -423,8 +412,7 @@ class BoundRhs(_Bound):
             raise JacError("bad_argument", "lanes must be >= 1")
         self._setup(prog, lanes, prog.dtype if dtype is None else dtype, prog.u_size(int(lanes)))
         if scratch is not None:
-            from . import checks
-            checks.workspace(scratch, prog._owner, "scratch", prog.kernel.n_hoist,
+            checks.workspace(scratch, prog.owner, "scratch", prog.kernel.n_hoist,
                              prog.layout.cell_shape if prog.kind == "cell" else None)
         sc = scratch if scratch is not None else prog.new_buffers(self.lanes)
         self._h, self._cix = sc.h, sc.cix
@@ -435,7 +423,6 @@ class BoundRhs(_Bound):
             f = self._f_none if self._f_none is not None else np.ones(max(self.n_f, 1), dtype=self.dtype)
             out = np.zeros(self.n_u, dtype=self.dtype)
             if prog.kind == "cell" and self.lanes > 1:
-                from .programs import lane_cells
                 one = _rhs_like_runner(prog.kernel, self.serial, 1, self._h.copy(),
                                        lane_cells(prog.layout.cell_shape, 1))
                 one(u[:prog.u_size(1)].copy(), np.ones(self.n_p), 0.0,
@@ -453,6 +440,5 @@ class BoundRhs(_Bound):
         if bad is None:
             bad = self._scan(out)
         if bad:
-            from . import checks
             checks.report_nonfinite(out, (u, pv, f), t, "right-hand side")
         return out

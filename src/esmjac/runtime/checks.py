@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import JacError
 from ..limits import set_workspace_limit, workspace_limit
+from . import kernels as K
 
 __all__ = ["vector", "time", "params", "disjoint", "workspace", "lanes", "workspace_limit",
            "set_workspace_limit", "report_nonfinite"]
@@ -87,6 +88,28 @@ def time(t) -> float:
     if math.isinf(v):
         raise _refuse(f"`t` is {v}; pass a finite time (NaN is accepted and reported if it matters)")
     return v
+
+
+def positive(name: str, x, code: str = "bad_argument") -> float:
+    """``x`` as a positive finite float (a step size, a tolerance)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise JacError(code, f"{name} must be a number, got {x!r}") from None
+    if not (v > 0.0 and math.isfinite(v)):
+        raise JacError(code, f"{name} must be positive, got {x!r}")
+    return v
+
+
+def time_span(span) -> tuple:
+    """``(t0, t1)`` of an integration span: finite, ``t1 >= t0``."""
+    try:
+        t0, t1 = (float(x) for x in span)
+    except (TypeError, ValueError):
+        raise _refuse(f"t_span must be (t0, t1), got {span!r}") from None
+    if not (math.isfinite(t0) and math.isfinite(t1)) or t1 < t0:
+        raise _refuse(f"t_span must be finite with t1 >= t0, got {(t0, t1)}")
+    return t0, t1
 
 
 def params(p, n: int) -> np.ndarray:
@@ -215,7 +238,6 @@ def lanes(n, bytes_per_lane: int, what: str = "workspace") -> int:
 def report_nonfinite(out: np.ndarray, inputs: tuple, t: float, what: str, name_of=None) -> None:
     """Called when ``out`` has a non-finite value: ``evaluation_error`` unless
     an input was already non-finite (then it is the caller's business)."""
-    from . import kernels as K
     if any(x.size and K.count_nonfinite(np.ascontiguousarray(x)) for x in inputs):
         return
     i = K.first_nonfinite(out)

@@ -153,3 +153,18 @@ def count_nonfinite(x):
 
 def first_nonfinite(x: np.ndarray) -> int:
     return int(np.flatnonzero(~np.isfinite(x))[0])
+
+
+def scatter(plan, B, L: int, out) -> None:
+    """``out`` = ``plan``'s gather of the band slab ``B`` at ``L`` lanes
+    (tiled, lanes-fastest or point plans; the one dispatch every caller
+    uses)."""
+    a = plan.arrays
+    if plan.tiled:
+        tile_gather(B, L, plan.tile_width(L), int(plan.info["slots_per_lane"]), a["ptr"], a["src"], a["a"], out)
+    elif plan.kind == "lane":
+        lane_gather(B, L, a["ptr"], a["src"], a["a"], a["b"], a["stride"], out)
+    else:
+        if plan.info.get("zero_first"):
+            out[:] = 0
+        point_gather(B, a["ptr"], a["src"], a["pos"], out)

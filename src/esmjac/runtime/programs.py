@@ -4,7 +4,8 @@ JacWorkspace.
 Programs are immutable and safe to share between threads: they hold the
 evaluation document, generated kernel source (imported from the on-disk
 cache) and read-only index arrays. All mutable scratch (band slab, hoisted
-values, the lane→cell map) lives in a :class:`JacWorkspace`, one per thread.
+values, the lane→cell map) lives in a workspace (:mod:`.workspace`), one
+per thread.
 
 Lane layout (docs/design.rst §4): a ``cell`` program stores states species-major with
 lanes fastest, ``u[s*L + l]``; with ``L`` = number of cells this is exactly
@@ -14,22 +15,34 @@ order. Every argument is checked in Python before compiled code runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 import time
-from dataclasses import dataclass, field
-from functools import cached_property
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..model.deep import run_deep
+from .._frozen import FrozenMap, frozen_arrays, readonly
 from ..calculus.bandset import BandSet, check_options
-from ..compile import content_hash, generate, load_source
+from ..calculus import JacEntry
+from ..calculus.bands import Band
+from ..compile.cache import document_key, load_product, store_product
+from ..compile.engine import ENGINE_OPTIONS, FusedTape, Kernel, compile_doc, fused_tape
+from ..compile.evaldoc import EvalDoc, Field, jacobian_doc, rhs_doc
 from ..errors import JacError, typed_errors
-from . import checks as _checks
-from ..compile.evaldoc import EvalDoc, ModelLayout, jacobian_doc, model_layout, rhs_doc
+from ..layouts.plans import ScatterPlan, build_plan, field_meta
+from ..model.deep import run_deep
+from ..model.layout import ElementNames, ModelLayout, default_vectors, model_layout
 from ..model.load import SystemView, load_view
+from . import checks as _checks
+from . import kernels as K
+from .workspace import JacWorkspace, RhsScratch, lane_cells
+from .progress import done, stage
+from .bound import BoundJacobian, BoundRhs
+from .second import contract_at
+from .threads import one_thread, serial_below
 
 __all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
 
@@ -37,135 +50,17 @@ __all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
 PROGRAM_OPTIONS = {
     "allow_empty": False,     # accept a state-independent array RHS
     "backend": "numba",       # "numba" (the engine) or "numpy" (reference, explicit only)
-    "max_stmts": 400,         # statement cap per compiled chunk
-    "engine": "auto",         # "codegen" | "tape" | "auto" (tape for large cell programs)
-    "tape_above": 1500,       # auto: statements above which a cell program is taped
+    **ENGINE_OPTIONS,         # max_stmts, engine, tape_above (see compile.engine)
     "cache": True,            # reuse whole build products from the on-disk cache
     "progress": None,         # build stages: None = a bar on a terminal (runtime.progress), True, False
     "per_lane": (),           # scalar parameters read per lane from `forcing` (cell programs)
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
-#: Below this many state elements a call runs on one thread: the fork/join
-#: of a parallel region costs more than the work (measured: 64 cells of a
-#: 15-species mechanism, 2-8 ms per call on 2 threads vs 7-30 µs on one).
-SERIAL_BELOW = 20000
-
-_NO_SLOTS = np.zeros(0, np.int64)
-_NO_SLOTS.setflags(write=False)
-
-
-def _one_thread() -> bool:
-    import numba
-    return numba.get_num_threads() == 1
-
-
-class _Serial:
-    """Run small calls on one numba thread (thread-local setting, restored)."""
-
-    __slots__ = ("on", "prev")
-
-    def __init__(self, n: int):
-        self.on = n < SERIAL_BELOW
-        self.prev = 1
-
-    def __enter__(self):
-        if self.on:
-            import numba
-            self.prev = numba.get_num_threads()
-            if self.prev != 1:
-                numba.set_num_threads(1)
-        return self
-
-    def __exit__(self, *exc):
-        if self.on and self.prev != 1:
-            import numba
-            numba.set_num_threads(self.prev)
-
-
 # ------------------------------------------------------------------ helpers
 
 def _stage(opts, msg: str, t0: float, kind: str = "jac") -> None:
-    from .progress import stage
     stage(opts, kind, msg, t0)
-
-
-def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
-    """1-based cell index per dimension per lane (``cix[d*L + l]``); lanes
-    past the last cell (padding) duplicate it. ``order`` maps lane → flat
-    cell number (a shuffled lane order)."""
-    ncell = int(np.prod(cell_shape)) if cell_shape else 1
-    if order is None:
-        flat = np.minimum(np.arange(lanes), ncell - 1)
-    else:
-        flat = np.asarray(order, dtype=np.int64)
-        if flat.shape != (lanes,) or flat.min(initial=0) < 0 or flat.max(initial=0) >= ncell:
-            raise JacError("bad_argument", f"lane order must be {lanes} cell numbers in [0, {ncell})")
-    idx = np.unravel_index(flat, cell_shape) if cell_shape else ()
-    out = np.empty(len(cell_shape) * lanes, dtype=np.int64)
-    for d, a in enumerate(idx):
-        out[d * lanes:(d + 1) * lanes] = a + 1
-    return out
-
-
-class ElementNames(Sequence):
-    """Element names of the state vector at a lane count, computed on access
-    (a 10⁶-cell program stores no 12 M strings): ``"Chem.O3[5]"`` — the names
-    ``earthsci_ast.evaluate_rhs`` gives the document (``lanes`` = its cell
-    count) or its lift to ``lanes`` cells (a box mechanism at ``lanes`` > 1).
-    Lanes past the document's cells (padding) repeat its last cell."""
-
-    __slots__ = ("_scope", "_states", "_shapes", "_cell", "_lanes", "_box", "_sizes", "_starts")
-
-    def __init__(self, lay: ModelLayout, kind: str, lanes: int):
-        self._scope = lay.scope
-        self._states = lay.states
-        self._box = lay.box
-        self._cell = tuple(lay.cell_shape) if kind == "cell" else None
-        self._lanes = lanes
-        if kind == "cell":
-            self._shapes = None
-            self._sizes = [lanes] * len(lay.states)
-        else:
-            self._shapes = [tuple(lay.shapes.get(s, ())) for s in lay.states]
-            self._sizes = [int(np.prod(sh)) if sh else 1 for sh in self._shapes]
-        self._starts = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
-
-    def __len__(self) -> int:
-        return int(self._starts[-1])
-
-    def _name(self, i: int) -> str:
-        s = int(np.searchsorted(self._starts, i, side="right")) - 1
-        k = i - int(self._starts[s])
-        n = self._scope + self._states[s]
-        if self._shapes is not None:
-            sh = self._shapes[s]
-            return f"{n}[{','.join(str(x + 1) for x in np.unravel_index(k, sh))}]" if sh else n
-        if self._box:
-            return n if self._lanes == 1 else f"{n}[{k + 1}]"
-        ncell = int(np.prod(self._cell))
-        idx = np.unravel_index(min(k, ncell - 1), self._cell)
-        return f"{n}[{','.join(str(x + 1) for x in idx)}]"
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self._name(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(i)
-        return self._name(int(i))
-
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self._name(i)
-
-    def __eq__(self, other) -> bool:
-        return list(self) == list(other) if isinstance(other, (Sequence, ElementNames)) else NotImplemented
-
-    def __repr__(self) -> str:
-        return f"ElementNames({len(self)} elements)"
 
 
 def _check_vec(name: str, x, n: int, dtype=None, *, out: bool = False) -> np.ndarray:
@@ -176,83 +71,7 @@ def _params(p, n: int) -> np.ndarray:
     return _checks.params(p, n)
 
 
-def _defaults(view: SystemView, lay: ModelLayout) -> tuple:
-    """u0, p0 and forcing0 from the document's defaults/initial values."""
-    from ..reference.oracle import resolve_point
-    try:
-        pt = resolve_point(view, None, None, 0.0, list(lay.states) + list(lay.all_params))
-    except JacError:
-        return None, None, None
-    u0 = np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in lay.states]) \
-        if lay.states else np.zeros(0)
-    p0 = np.array([float(pt.values[n]) for n in lay.params], dtype=np.float64)
-    f0 = np.concatenate([np.broadcast_to(np.ravel(np.asarray(pt.values[n], dtype=np.float64)), (lay.size(n),))
-                         for n in lay.forcing]) if lay.forcing else np.zeros(0)
-    return u0, p0, f0
-
-
 # ------------------------------------------------------------------ common
-
-@dataclass(frozen=True, eq=False)
-class _Kernel:
-    """Generated source + its import (lazy; re-imported after unpickling)."""
-
-    source: str
-    key: str
-    chunks: tuple
-    chunk_kinds: tuple
-    n_hoist: int
-    n_statements: int
-    engine: str = "codegen"
-    tapes: tuple = ()          # (prologue tape, body tape) for engine "tape"
-    counts_nonfinite: bool = False   # chunks return the non-finite values they stored
-
-    def module(self):
-        if self.engine == "tape":
-            return None
-        return load_source(self.source, self.key)
-
-    def listing(self) -> str:
-        """Readable generated source or tape."""
-        if self.engine == "tape":
-            pro, body = self.tapes
-            return (f"# esmjac tape: prologue {len(pro.code)} instructions, body {len(body.code)} "
-                    f"instructions, {body.nreg} registers\n# prologue\n{pro.listing()}\n# body\n"
-                    f"{body.listing()}\n")
-        return self.source
-
-
-def _distinct_nodes(exprs: list) -> int:
-    from ..model.expr import Node, iter_children
-    seen: set = set()
-    stack = list(exprs)
-    while stack:
-        x = stack.pop()
-        if isinstance(x, Node) and id(x) not in seen:
-            seen.add(id(x))
-            stack.extend(iter_children(x))
-    return len(seen)
-
-
-def _compile(doc: EvalDoc, opts: dict) -> _Kernel:
-    engine = opts["engine"]
-    if engine not in ("auto", "codegen", "tape"):
-        raise JacError("bad_option", f"engine must be 'auto', 'codegen' or 'tape'; got {engine!r}")
-    if engine == "auto" and doc.kind == "cell":
-        # Size decides: generated chunks compile in ~5 s per 400 statements
-        # here, the tape interpreter is compiled once for every model. The
-        # distinct expression nodes approximate the statement count.
-        n = _distinct_nodes([doc.expanded(f.expr) for f in doc.fields])
-        engine = "tape" if n > int(opts["tape_above"]) else "codegen"
-    if engine == "tape":
-        from ..compile.codegen import tape_program
-        pro, body, nh = run_deep(tape_program, doc)
-        key = content_hash(pro.code.tobytes().hex(), body.code.tobytes().hex())
-        return _Kernel("", key, (), (), nh, len(body.code), "tape", (pro, body))
-    g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]))
-    key = content_hash(g.source)
-    return _Kernel(g.source, key, g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements)
-
 
 class _Base:
     """Shared lane bookkeeping of RhsProgram and JacobianProgram."""
@@ -309,26 +128,8 @@ class _Base:
             return len(self.layout.forcing) * lanes
         return self.layout.n_forcing_elements
 
-    def _run(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
-        _recovering(self._run_once, out, kern, u, p, t, forcing, out, h, cix, lanes)
-
-    def _run_once(self, kern: _Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
-        if kern.engine == "tape":
-            from ..compile.tape import run_tape
-            pro, body = kern.tapes
-            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
-                     0, 0, lanes, _NO_SLOTS)
-            return
-        mod = kern.module()
-        mod.prologue(p, float(t), h)
-        pre = "s" if _one_thread() else ""
-        for name, kind in zip(kern.chunks, kern.chunk_kinds):
-            fn = getattr(mod, pre + name)
-            if kind == "cell":
-                fn(u, forcing, h, cix, out, lanes)
-            else:
-                fn(u, forcing, h, out)
+    def _run(self, kern: Kernel, u, p, t, forcing, out, h, cix, lanes) -> None:
+        kern.run(u, p, t, forcing, out, h, cix, lanes, one_thread())
 
     def _warm(self, out_size: int) -> None:
         """Compile (or load from Numba's cache) the float64 kernels now, so a
@@ -341,7 +142,7 @@ class _Base:
         cix = lane_cells(self.layout.cell_shape, L) if self.kind == "cell" else np.zeros(1, np.int64)
         # Warm the twin (serial or parallel) that calls at the program's own
         # size will run: compiling the other one is wasted build time.
-        with _Serial(self.u_size(self.cells) if self.kind == "cell" else self.layout.n_state_elements):
+        with serial_below(self.u_size(self.cells) if self.kind == "cell" else self.layout.n_state_elements):
             self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
     def _forcing_default(self, lanes: int):
@@ -368,38 +169,34 @@ class _Base:
         return _check_vec("forcing", forcing, n, dtype)
 
 
-def _recovering(run, out, *args) -> None:
-    """``run(*args)``; a Numba cache file that fails to load (corrupt or
-    tampered index/data) is purged and the call retried, so Numba recompiles
-    instead of the entry breaking every later run (compile/cache.py)."""
-    from ..compile.cache import recover_numba_cache
-    for _ in range(16):                  # at most one purge per compiled function
-        try:
-            return run(*args)
-        except Exception as exc:
-            if not recover_numba_cache(exc):
-                raise
-            out[:] = 0                   # accumulating (global) kernels restart from zero
-    return run(*args)
+def _view_layout(source, model, opts: dict) -> tuple:
+    """The model's view (``source`` loaded, or a view given as it is) and its layout."""
+    view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
+    return view, model_layout(view, opts["per_lane"])
+
+
+def build_key(kind: str, source, model, wrt, opts: dict) -> tuple | None:
+    """``(content key, dependency list)`` under which a build of ``source``
+    with ``opts`` (checked :data:`PROGRAM_OPTIONS`) is stored, or None when
+    the source cannot be keyed (compile/cache.py ``document_key``). Every
+    option that changes the product is in the key; ``cache`` and
+    ``progress`` do not change it."""
+    return document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
+                        str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]),
+                        str(tuple(opts["per_lane"])))
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
     """Whole-build cache (compile/cache.py): verified JSON + npz products
     for keyable sources; kernels, index arrays and fingerprints are rebuilt
     from the decoded document (:func:`_revive`), never read from disk."""
-    from ..compile.cache import document_key, load_product, store_product
-    keyed = None
-    if opts["cache"]:
-        keyed = document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
-                             str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]),
-                             str(tuple(opts["per_lane"])))
+    keyed = build_key(kind, source, model, wrt, opts) if opts["cache"] else None
     if keyed is not None:
         obj = load_product(keyed[0], _product_types())
         if obj is not None:
             try:
                 return _revive(obj, opts)
             except Exception as exc:     # a product that does not revive is a miss
-                import logging
                 logging.getLogger("esmjac.cache").warning(
                     "esmjac cache: stored build does not match its document (%s); rebuilding", exc)
     obj = make()
@@ -410,39 +207,62 @@ def _build_doc_cached(kind: str, source, model, wrt, opts, make):
 
 #: Fields never read back from a stored product: generated code and index
 #: arrays are regenerated from the decoded document (see :func:`_revive`).
-_PRODUCT_SKIP = {"_Kernel": ("source", "tapes"), "JacobianProgram": ("meta",)}
+_PRODUCT_SKIP = {"Kernel": ("source", "tapes"), "JacobianProgram": ("meta",)}
 
 
 def _product_types() -> dict:
-    from ..calculus import JacEntry
-    from ..calculus.bands import Band
-    from ..compile.evaldoc import Field
-    return {c.__name__: c for c in (JacobianProgram, RhsProgram, _Kernel, EvalDoc, ModelLayout, Field,
+    return {c.__name__: c for c in (JacobianProgram, RhsProgram, Kernel, EvalDoc, ModelLayout, Field,
                                     JacEntry, Band)}
 
 
 def _revive(obj, opts: dict):
-    """Regenerate a decoded product's kernel (checked against the stored
-    content hash), index arrays and fingerprint."""
+    """A decoded product rebuilt through its constructor (so it is frozen
+    like a fresh one), with its kernel regenerated (checked against the
+    stored content hash), index arrays and fingerprint."""
     if not isinstance(obj, (JacobianProgram, RhsProgram)) or not isinstance(obj.doc, EvalDoc):
         raise ValueError("not a program")
     stored = obj.kernel
-    kern = _compile(obj.doc, {**opts, "engine": stored.engine})
+    kern = compile_doc(obj.doc, {**opts, "engine": stored.engine})
     if kern.key != stored.key:
         raise ValueError("the regenerated kernel differs from the stored one")
-    object.__setattr__(obj, "kernel", kern)
+    lay = dataclasses.replace(obj.layout)        # through __post_init__: frozen shapes
     if isinstance(obj, JacobianProgram):
-        object.__setattr__(obj, "meta", _field_meta(obj.doc, obj.layout, obj.col_vars, obj.col_base))
+        meta = field_meta(obj.doc, lay, obj.col_vars, obj.col_base)
         fp = hashlib.sha256((kern.key + obj.doc.to_json()).encode()).hexdigest()
         if fp != obj.fingerprint:
             raise ValueError("fingerprint mismatch")
-    return obj
+        return dataclasses.replace(obj, kernel=kern, layout=lay, meta=meta)
+    return dataclasses.replace(obj, kernel=kern, layout=lay)
 
 
 # ------------------------------------------------------------------ RHS
 
+def _frozen(value):
+    """A field value of a build product made immutable (arrays read-only,
+    mappings frozen); other values are immutable already."""
+    if isinstance(value, np.ndarray):
+        return readonly(value)
+    if isinstance(value, (dict, FrozenMap)):
+        return frozen_arrays(value)
+    return value
+
+
+class _Product:
+    """Frozen build products: every field frozen at construction (also when
+    a stored product is revived: :func:`_revive` goes through the
+    constructor) and again after unpickling (pickle does not keep
+    ``writeable=False``)."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _frozen(getattr(self, f.name)))
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({k: _frozen(v) for k, v in state.items()})
+
+
 @dataclass(frozen=True, eq=False)
-class RhsProgram(_Base):
+class RhsProgram(_Product, _Base):
     """The model's compiled right-hand side on the lane layout."""
 
     doc: EvalDoc
@@ -453,10 +273,18 @@ class RhsProgram(_Base):
     u0: Any
     p0: Any
     forcing0: Any
-    kernel: _Kernel
+    kernel: Kernel
     layout_fingerprint: str
     element_type: str | None = None
     build_seconds: float = 0.0
+    default_cix: Any = None    # the identity lane map at ``cells`` lanes (kernels only read it)
+    owner: str = ""            # identity of the kernels: scratch made for this program carries it
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.owner:
+            object.__setattr__(self, "owner", hashlib.sha256(
+                (self.kernel.key + self.layout_fingerprint).encode()).hexdigest())
 
     @classmethod
     @typed_errors
@@ -466,24 +294,22 @@ class RhsProgram(_Base):
         t0 = time.perf_counter()
 
         def make():
-            view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view, opts["per_lane"])
+            view, lay = _view_layout(source, model, opts)
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
-            kern = _compile(doc, opts)
+            kern = compile_doc(doc, opts)
             _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements",
                    t0, "rhs")
-            u0, p0, f0 = _defaults(view, lay)
+            u0, p0, f0 = default_vectors(view, lay)
+            cix = lane_cells(lay.cell_shape, _cells(lay)) if doc.kind == "cell" else np.zeros(1, np.int64)
             return cls(doc, lay, doc.kind,
                        lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
-                       view.element_type)
+                       view.element_type, 0.0, cix)
 
         prog = _build_doc_cached("rhs", source, model, None, opts, make)
         prog._warm(prog.u_size(1))
-        from .progress import done
         done(opts, "rhs", t0)
-        object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
-        return prog
+        return dataclasses.replace(prog, build_seconds=time.perf_counter() - t0)
 
     @property
     def dtype(self) -> np.dtype:
@@ -491,18 +317,7 @@ class RhsProgram(_Base):
         return np.dtype(np.float32) if (self.element_type or "").lower() in ("float32", "f32") \
             else np.dtype(np.float64)
 
-    @cached_property
-    def _default_cix(self) -> np.ndarray:
-        """The identity lane map at ``cells`` lanes (computed once; kernels only read it)."""
-        cix = lane_cells(self.layout.cell_shape, self.cells) if self.kind == "cell" else np.zeros(1, np.int64)
-        return cix
-
-    @cached_property
-    def _owner(self) -> str:
-        """Identity of this program's kernels: scratch made for it carries it."""
-        return hashlib.sha256((self.kernel.key + self.layout_fingerprint).encode()).hexdigest()
-
-    def new_buffers(self, lanes: int | None = None):
+    def new_buffers(self, lanes: int | None = None) -> "RhsScratch":
         """Scratch for one thread (``lanes`` ≥ 1; default: one lane per cell)."""
         default = self.cells if self.kind == "cell" else 1
         if lanes is None:
@@ -510,19 +325,18 @@ class RhsProgram(_Base):
         if self.kind == "global" and lanes != 1:
             raise JacError("bad_argument", "a global-lane program has exactly one lane")
         lanes = _checks.lanes(lanes, 8 * (3 * len(self.layout.cell_shape) + 2), "scratch")
-        cix = self._default_cix if lanes == default else lane_cells(self.layout.cell_shape, lanes)
-        return _RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix, self._owner)
+        cix = self.default_cix if lanes == default else lane_cells(self.layout.cell_shape, lanes)
+        return RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix, self.owner)
 
-    def bind(self, lanes: int | None = None, dtype=None, *, scratch: "_RhsScratch | None" = None):
+    def bind(self, lanes: int | None = None, dtype=None, *, scratch: "RhsScratch | None" = None):
         """A bound call ``run(u, p, t, forcing, out)`` at ``lanes`` lanes
         (default: the document's cells) and ``dtype`` (default: the declared
         element type): checks and kernel choices made once, the first call
         warm (see ``runtime.bound``). One binding per thread."""
-        from .bound import BoundRhs
         return BoundRhs(self, lanes, dtype, scratch)
 
     def eval_into(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
-                  scratch: "_RhsScratch | None" = None) -> np.ndarray:
+                  scratch: "RhsScratch | None" = None) -> np.ndarray:
         """``out = f(u, p, t, forcing)``; ``u``/``out`` flat, same dtype.
 
         ``out`` must not share memory with ``u``, ``p`` or ``forcing``
@@ -532,7 +346,7 @@ class RhsProgram(_Base):
             sc = self.new_buffers()
         else:
             sc = scratch
-            _checks.workspace(sc, self._owner, "scratch", self.kernel.n_hoist,
+            _checks.workspace(sc, self.owner, "scratch", self.kernel.n_hoist,
                               self.layout.cell_shape if self.kind == "cell" else None)
         lanes = sc.lanes
         t = _checks.time(t)
@@ -543,7 +357,7 @@ class RhsProgram(_Base):
         f = self._forcing(forcing, lanes, u.dtype)
         if self.kind == "global":
             out[:] = 0
-        with _Serial(u.shape[0]):
+        with serial_below(u.shape[0]):
             self._run(self.kernel, u, p, t, f, out, sc.h, sc.cix, lanes)
             bad = _checks.any_nonfinite(out)
         if bad:
@@ -569,14 +383,8 @@ class RhsProgram(_Base):
         return self.eval_into(y, self.p0 if p is None else p, t, forcing, out)
 
 
-@dataclass
-class _RhsScratch:
-    """Per-thread scratch of one RhsProgram (``owner``: the program's identity)."""
-
-    lanes: int
-    h: np.ndarray
-    cix: np.ndarray
-    owner: str = ""
+def _cells(lay: ModelLayout) -> int:
+    return int(np.prod(lay.cell_shape)) if lay.cell_shape else 1
 
 
 def _layout_fp(lay: ModelLayout, kind: str) -> str:
@@ -588,10 +396,6 @@ def _layout_fp(lay: ModelLayout, kind: str) -> str:
 def _backend(opts: dict) -> None:
     b = opts.get("backend")
     if b == "numba":
-        try:
-            import numba  # noqa: F401
-        except ImportError as exc:
-            raise JacError("bad_option", "backend='numba' needs numba installed") from exc
         return
     if b == "numpy":
         raise JacError("bad_option",
@@ -602,39 +406,13 @@ def _backend(opts: dict) -> None:
 
 # ------------------------------------------------------------------ Jacobian
 
-@dataclass
-class JacWorkspace:
-    """Per-thread scratch of one JacobianProgram (never share between threads)."""
-
-    owner: str
-    lanes: int
-    cix: np.ndarray
-    h: np.ndarray
-    keep_slab: bool = False
-    slabs: dict = field(default_factory=dict)
-    last_dtype: Any = None
-    last_plan: Any = None
-    second: dict = field(default_factory=dict)
-
-    def slab(self, dtype, size: int) -> np.ndarray:
-        s = self.slabs.get(dtype)
-        if s is None or s.shape[0] != size:
-            s = np.zeros(max(size, 1), dtype=dtype)
-            self.slabs[dtype] = s
-        return s
-
-    def set_lane_order(self, order, cell_shape: tuple) -> None:
-        """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes).
-        Written in place: bindings of this workspace read the same array."""
-        cix = lane_cells(cell_shape, self.lanes, order)
-        if cix.shape == self.cix.shape:
-            self.cix[:] = cix
-        else:
-            self.cix = cix
+#: Fused kernels by (program fingerprint, plan key): generated on first use
+#: in this process, shared by every workspace (immutable, content-hashed).
+_FUSED: dict = {}
 
 
 @dataclass(frozen=True, eq=False)
-class JacobianProgram(_Base):
+class JacobianProgram(_Product, _Base):
     """Compiled Jacobian of one model w.r.t. ``wrt`` (see module docstring)."""
 
     doc: EvalDoc
@@ -644,12 +422,12 @@ class JacobianProgram(_Base):
     bands: tuple               # JacEntry, read-only
     structure: str
     col_vars: tuple            # column variables, declaration order
-    col_base: dict             # column variable → first global column
+    col_base: FrozenMap        # column variable → first global column
     n_cols: int
-    kernel: _Kernel
+    kernel: Kernel
     fingerprint: str
     layout_fingerprint: str
-    meta: dict                 # read-only index arrays (see _field_meta)
+    meta: FrozenMap            # read-only index arrays (see layouts.plans.field_meta)
     u0: Any = None
     p0: Any = None
     forcing0: Any = None
@@ -665,29 +443,26 @@ class JacobianProgram(_Base):
         t0 = time.perf_counter()
 
         def make():
-            view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view, opts["per_lane"])
+            view, lay = _view_layout(source, model, opts)
             bs = _bandset(view, wrt, lay, opts)
             _stage(opts, f"calculus: {len(bs.entries)} bands ({bs.structure})", t0)
             rdoc = rhs_doc(view, lay)
             doc = jacobian_doc(bs, lay, rdoc.kind)
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
-            kern = _compile(doc, opts)
+            kern = compile_doc(doc, opts)
             _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
             cvars, cbase, ncols = _colspace(lay, wrt)
-            meta = _field_meta(doc, lay, cvars, cbase)
-            u0, p0, f0 = _defaults(view, lay)
+            meta = field_meta(doc, lay, cvars, cbase)
+            u0, p0, f0 = default_vectors(view, lay)
             fp = hashlib.sha256((kern.key + doc.to_json()).encode()).hexdigest()
-            return cls(doc, lay, doc.kind, wrt, bs.entries, bs.structure,
+            return cls(doc, lay, doc.kind, wrt, tuple(bs.entries), bs.structure,
                        cvars, cbase, ncols, kern, fp,
                        _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
         prog._warm(prog.slab_size(1))
-        from .progress import done
         done(opts, "jac", t0)
-        object.__setattr__(prog, "build_seconds", time.perf_counter() - t0)
-        return prog
+        return dataclasses.replace(prog, build_seconds=time.perf_counter() - t0)
 
     # -- sizes -------------------------------------------------------------------
     @property
@@ -720,9 +495,12 @@ class JacobianProgram(_Base):
         return JacWorkspace(self.fingerprint, lanes, cix, np.zeros(max(self.kernel.n_hoist, 1)),
                             keep_slab=bool(keep_slab))
 
-    def plan(self, layout, source: "RhsProgram | None" = None):
-        from ..layouts.plans import build_plan
-        return build_plan(self, layout, source)
+    def plan(self, layout, source: "RhsProgram | None" = None) -> ScatterPlan:
+        """The checked scatter plan of this program for ``layout``; with
+        ``source``, first check that the RhsProgram is the same model."""
+        if source is not None:
+            _check_source(self, source)
+        return build_plan(self, layout)
 
     # -- evaluation --------------------------------------------------------------
     def _check_ws(self, ws) -> None:
@@ -732,7 +510,6 @@ class JacobianProgram(_Base):
                           self.layout.cell_shape if self.kind == "cell" else None)
 
     def _check_plan(self, plan) -> None:
-        from ..layouts.plans import ScatterPlan
         if not isinstance(plan, ScatterPlan):
             raise JacError("bad_argument", f"expected a ScatterPlan, got {type(plan).__name__}")
         if plan.fingerprint != self.fingerprint:
@@ -747,7 +524,6 @@ class JacobianProgram(_Base):
         the last call on ``ws`` only with ``keep_point=True`` (a copy per
         call into buffers of the binding); by default a bound call leaves no
         point, and ``contract`` asks for an ``eval_into`` first."""
-        from .bound import BoundJacobian
         return BoundJacobian(self, plan, ws, dtype, keep_point=keep_point)
 
     def eval_into(self, plan, u: np.ndarray, p, t: float, forcing, out: np.ndarray,
@@ -768,7 +544,7 @@ class JacobianProgram(_Base):
                                         "workspace lane map": ws.cix})
         pv = _params(p, len(self.layout.params))
         f = self._forcing(forcing, L, u.dtype)
-        with _Serial(u.shape[0]):
+        with serial_below(u.shape[0]):
             bad = None
             if not ws.keep_slab and plan.kind == "lane" and (self.kernel.engine == "codegen" or plan.tiled):
                 bad = self._run_fused(plan, u, pv, t, f, out, ws, L)
@@ -776,85 +552,67 @@ class JacobianProgram(_Base):
             else:
                 B = ws.slab(u.dtype, self.slab_size(L))
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, L)
-                plan.scatter(B, L, out)
+                K.scatter(plan, B, L, out)
                 ws.last_dtype = u.dtype
             if bad is None:              # the tile kernels count while they store
                 bad = _checks.any_nonfinite(out)
         ws.last_plan = plan.fingerprint
-        ws.second.pop("state", None)
-        su, sp, sf = _snapshot(ws, u, pv, f)
-        ws.second["point"] = (su, sp, t, sf)
+        ws.keep_point(u, pv, t, f)
         if bad:
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
 
-    def _fused_kernel(self, plan) -> _Kernel:
-        """The plan-specific fused kernel (generated on first use, cached on
-        the plan and on disk by content hash)."""
-        k = plan._cache.get("fused_kernel")
+    def _fused_kernel(self, plan: ScatterPlan, ws: JacWorkspace | None = None) -> Kernel:
+        """The plan-specific fused kernel: generated once per process and
+        plan (content-hashed on disk), remembered by the workspace."""
+        if ws is not None and ws.fused is not None and ws.fused[0] == plan.key:
+            return ws.fused[1]
+        memo = (self.fingerprint, plan.key)
+        k = _FUSED.get(memo)
         if k is None:
             a = plan.arrays
             dest = list(zip(a["fa"].tolist(), a["fb"].tolist(), a["fs"].tolist()))
             zeros = list(zip(a["za"].tolist(), a["zb"].tolist(), a["zs"].tolist()))
-            g = run_deep(generate, self.doc, max_stmts=PROGRAM_OPTIONS["max_stmts"],
-                         title=f"direct writes for layout {plan.layout.name}"
-                               + (f", tile {plan.tile}" if plan.tiled else ""),
-                         dest=dest, zeros=zeros, tile=plan.tile if plan.tiled else None,
-                         nslots=int(plan.info["slots_per_lane"]))
-            k = _Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
-                        counts_nonfinite=g.counts_nonfinite)
-            plan._cache["fused_kernel"] = k
+            k = compile_doc(self.doc, {**ENGINE_OPTIONS, "engine": "codegen"},
+                            title=f"direct writes for layout {plan.layout.name}"
+                                  + (f", tile {plan.tile}" if plan.tiled else ""),
+                            dest=dest, zeros=zeros, tile=plan.tile if plan.tiled else None,
+                            nslots=int(plan.info["slots_per_lane"]))
+            _FUSED[memo] = k
+        if ws is not None:
+            ws.fused = (plan.key, k)
         return k
 
-    def _fused_tape(self, plan) -> tuple:
-        """The tape engine's direct-write body for a tiled plan (slot stores,
-        cached on the plan) and the slots no band reaches."""
-        k = plan._cache.get("fused_tape")
+    def _fused_tape(self, plan: ScatterPlan) -> FusedTape:
+        """The tape engine's direct-write body for a tiled plan (slot
+        stores), generated once per process and plan."""
+        memo = (self.fingerprint, plan.key, "tape")
+        k = _FUSED.get(memo)
         if k is None:
-            from ..compile.codegen import tape_program
-            pro, body, _ = run_deep(tape_program, self.doc, [int(a) for a in plan.arrays["fa"]])
-            zs = np.ascontiguousarray(plan.arrays["za"], dtype=np.int64)
-            zs.setflags(write=False)
-            k = plan._cache["fused_tape"] = (pro, body, zs)
+            k = _FUSED[memo] = fused_tape(self.doc, plan.arrays["fa"], plan.arrays["za"])
         return k
 
     def _run_fused(self, plan, u, p, t, f, out, ws, L) -> int | None:
         """Direct writes into ``plan``'s slots; the number of non-finite
         values stored when the kernels count them (tiles), else None."""
-        return _recovering(self._run_fused_once, out, plan, u, p, t, f, out, ws, L)
-
-    def _run_fused_once(self, plan, u, p, t, f, out, ws, L):
         if self.kernel.engine == "tape":
-            from ..compile.tape import run_tape
-            pro, body, zs = self._fused_tape(plan)
-            h = ws.h
-            run_tape(pro.code, pro.consts, u, f, p, float(t), h, ws.cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-            W = plan.tile_width(L)
-            run_tape(body.code, body.consts, u, f, p, float(t), h, ws.cix, out, L, body.nreg,
-                     W, int(plan.info["slots_per_lane"]), plan.capacity(L), zs)
+            self._fused_tape(plan).run(u, p, t, f, out, ws.h, ws.cix, L, plan.tile_width(L),
+                                       int(plan.info["slots_per_lane"]), plan.capacity(L))
             return None
-        kern = self._fused_kernel(plan)
-        mod = kern.module()
-        h = ws.h if ws.h.shape[0] >= kern.n_hoist else np.zeros(kern.n_hoist)
-        mod.prologue(p, float(t), h)
-        pre = "sfl" if _one_thread() else "fl"
-        bad = 0
-        for name in kern.chunks:
-            bad += getattr(mod, pre + name)(u, f, h, ws.cix, out, L) or 0
-        return bad if kern.counts_nonfinite else None
+        return self._fused_kernel(plan, ws).run_fused(u, p, t, f, out, ws.h, ws.cix, L, one_thread())
 
     def _slab_of(self, ws: JacWorkspace):
         """The band slab at the point of the last ``eval_into``: kept by it
         (``keep_slab=True``) or evaluated now from the workspace's copy of
         that point (direct writes keep no slab), once per ``eval_into``."""
         if ws.last_dtype is None:
-            pt = ws.second.get("point")
+            pt = ws.point
             if pt is None:
                 raise JacError("bad_argument", "call eval_into first: apply/apply_transpose use the Jacobian "
                                "at its point")
             u, pv, t, f = pt
             B = ws.slab(u.dtype, self.slab_size(ws.lanes))
-            with _Serial(u.shape[0]):
+            with serial_below(u.shape[0]):
                 self._run(self.kernel, u, pv, t, f, B, ws.h, ws.cix, ws.lanes)
             ws.last_dtype = u.dtype
         return ws.slabs[ws.last_dtype]
@@ -862,7 +620,6 @@ class JacobianProgram(_Base):
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``y += J v`` from the band slab of the last ``eval_into``
         (``y`` sharing memory with ``v`` is refused: ``bad_argument``)."""
-        from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         B = self._slab_of(ws)
@@ -871,7 +628,7 @@ class JacobianProgram(_Base):
         _check_vec("y", y, self.u_size(L), out=True)
         _checks.disjoint({"y": y}, {"v": v, "workspace slab": B})
         m = self.meta
-        with _Serial(y.shape[0]):
+        with serial_below(y.shape[0]):
             if self.kind == "cell":
                 K.lane_apply(B, L, m["r_ptr"], m["r_band"], m["r_ca"], m["r_cb"], m["r_cs"], m["r_tgt"], v, y)
             else:
@@ -882,7 +639,6 @@ class JacobianProgram(_Base):
         """``gbar += Jᵀ lam`` (float64 accumulation; a gather over the
         transposed plan: each column is owned by one iteration). ``gbar``
         sharing memory with ``lam`` is refused (``bad_argument``)."""
-        from . import kernels as K
         self._check_plan(plan)
         self._check_ws(ws)
         B = self._slab_of(ws)
@@ -891,7 +647,7 @@ class JacobianProgram(_Base):
         _check_vec("gbar", gbar, self.col_size(L), np.float64, out=True)
         _checks.disjoint({"gbar": gbar}, {"lam": lam, "workspace slab": B})
         m = self.meta
-        with _Serial(lam.shape[0]):
+        with serial_below(lam.shape[0]):
             if self.kind == "cell":
                 K.lane_apply(B, L, m["c_ptr"], m["c_band"], m["c_ca"], m["c_cb"], m["c_cs"], m["c_tgt"],
                              lam, gbar)
@@ -913,28 +669,41 @@ class JacobianProgram(_Base):
         on ``ws2`` (second-order bands, built on first use; that point was
         copied, so later changes to ``u`` do not matter). ``out`` sharing
         memory with ``lam`` or ``v`` is refused (``bad_argument``)."""
-        from .second import contract
-        return contract(self, plan, ws2, lam, v, out)
+        self._check_plan(plan)
+        self._check_ws(ws2)
+        if self.wrt != "states":
+            raise JacError("bad_option", "contract is the state Hessian contraction (wrt='states')")
+        if ws2.point is None:
+            raise JacError("bad_argument", "call eval_into on this workspace first (contract uses its point)")
+        n = self.u_size(ws2.lanes)
+        _check_vec("lam", lam, n)
+        _check_vec("v", v, n)
+        _check_vec("out", out, n, np.float64, out=True)
+        _checks.disjoint({"out": out}, {"lam": lam, "v": v})
+        return contract_at(self, ws2, lam, v, out)
 
 
-def _snapshot(ws: JacWorkspace, u, pv, f) -> tuple:
-    """Copies of the point into buffers the workspace keeps (no allocation
-    per call): ``contract`` and a lazily evaluated slab see the point of the
-    last ``eval_into``, whatever the caller does with its arrays afterwards."""
-    snap = ws.second.get("snap")
-    if snap is None or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(snap, (u, pv, f))):
-        snap = (np.empty_like(u), np.empty_like(pv), np.empty_like(f))
-        ws.second["snap"] = snap
-    for a, b in zip(snap, (u, pv, f)):
-        np.copyto(a, b)
-    return snap
+def _check_source(prog: JacobianProgram, source) -> None:
+    """Refuse an RhsProgram of another model as a plan's ``source``."""
+    if not isinstance(source, RhsProgram):
+        raise JacError("bad_argument", f"source must be an RhsProgram, got {type(source).__name__}")
+    names = set(source.layout.states) | set(source.param_names) | set(source.forcing_names) | {"t"}
+    for v in prog.col_vars:
+        if v not in names:
+            raise JacError("unresolvable_column", f"column variable `{v}` does not resolve in the RhsProgram")
+    for en in prog.bands:
+        if en.row not in names:
+            raise JacError("unresolvable_column", f"row variable `{en.row}` does not resolve in the RhsProgram")
+    if source.layout_fingerprint != prog.layout_fingerprint:
+        raise JacError("foreign_layout",
+                       "the RhsProgram was built from a different model or layout (its fingerprint "
+                       "differs from this JacobianProgram's)")
 
 
 def _bandset(view, wrt: str, lay: ModelLayout, opts: dict) -> BandSet:
     """The bands of ∂f/∂wrt; with ``per_lane`` parameters, ``forcing``
     columns include them (the calculus sees them as scalar parameters)."""
     if wrt == "forcing" and lay.per_lane:
-        import dataclasses
         bs = BandSet.build(view, wrt="parameters", options={"allow_empty": bool(opts["allow_empty"])})
         keep = set(lay.forcing)
         return dataclasses.replace(bs, wrt="forcing", entries=tuple(e for e in bs.entries if e.col in keep))
@@ -958,9 +727,4 @@ def _colspace(lay: ModelLayout, wrt: str) -> tuple:
     for v in cvars:
         base[v] = off
         off += lay.size(v) if v != "t" else 1
-    return tuple(cvars), base, off
-
-
-def _field_meta(doc: EvalDoc, lay: ModelLayout, cvars: tuple, cbase: dict) -> dict:
-    from ..layouts.plans import field_meta
-    return field_meta(doc, lay, cvars, cbase)
+    return tuple(cvars), FrozenMap(base), off

@@ -20,6 +20,8 @@ from __future__ import annotations
 import sys
 import time
 
+from ..errors import JacError
+
 __all__ = ["stage", "done", "DELAY", "STAGES"]
 
 #: Seconds a build runs before the automatic bar appears.
@@ -34,7 +36,6 @@ _KEY = "_progress"
 def _mode(opts: dict) -> str:
     p = opts.get("progress")
     if p not in (None, True, False):
-        from ..errors import JacError
         raise JacError("bad_option", f"progress must be None (a bar on a terminal), True or False, "
                        f"not {p!r}")
     if p is False:

@@ -10,30 +10,37 @@ use per program (most users never ask for second order).
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..model.deep import run_deep
+from .._frozen import FrozenMap, frozen_arrays
 from ..calculus.bands import Ctx, bands
-from ..errors import JacError
+from ..compile.engine import ENGINE_OPTIONS, Kernel, compile_doc
 from ..compile.evaldoc import EvalDoc, Field
+from ..layouts.plans import field_meta
+from ..model.deep import run_deep
 from ..model.expr import free_names
+from .threads import one_thread
 
-__all__ = ["contract", "second_order"]
+__all__ = ["contract_at", "second_order", "SecondOrder"]
 
 _BUILT: dict = {}
 _LOCK = threading.Lock()
 
 
-class _Second:
-    def __init__(self, doc, kernel, parent_of, meta):
-        self.doc = doc
-        self.kernel = kernel
-        self.parent_of = parent_of      # second-order field → parent field
-        self.meta = meta
+@dataclass(frozen=True, eq=False)
+class SecondOrder:
+    """The compiled second-order fields of one program (immutable)."""
+
+    doc: EvalDoc
+    kernel: Kernel
+    parent_of: Any             # read-only: second-order field → parent field
+    meta: FrozenMap            # read-only index arrays (row, site, pcol[, slab_size])
 
 
-def second_order(prog) -> _Second:
+def second_order(prog) -> SecondOrder:
     """The compiled second-order fields of ``prog`` (cached per program)."""
     with _LOCK:
         s = _BUILT.get(prog.fingerprint)
@@ -43,9 +50,7 @@ def second_order(prog) -> _Second:
         return s
 
 
-def _build(prog) -> _Second:
-    from ..layouts.plans import field_meta
-    from .programs import PROGRAM_OPTIONS, _compile
+def _build(prog) -> SecondOrder:
     lay = prog.layout
     doc = prog.doc
     states = set(lay.states)
@@ -58,7 +63,7 @@ def _build(prog) -> _Second:
                 fields.append(Field(f"H{len(fields) + 1}", f.row, w, f.dims, f.pins, tuple(b.cidx), b.coef))
                 parent_of.append(k)
     doc2 = EvalDoc(lay, "second", doc.kind, (), tuple(fields))
-    kern = _compile(doc2, dict(PROGRAM_OPTIONS))
+    kern = compile_doc(doc2, ENGINE_OPTIONS)
     parent_of = np.array(parent_of, dtype=np.int64)
     if doc.kind == "cell":
         sidx = {n: s for s, n in enumerate(lay.states)}
@@ -80,37 +85,25 @@ def _build(prog) -> _Second:
             if len(parent_of) else np.zeros(0, np.int64)
         meta = {"row": m2["pt_row"], "site": m2["pt_col"], "pcol": pcol,
                 "slab_size": m2["slab_size"]}
-    return _Second(doc2, kern, parent_of, meta)
+    parent_of.setflags(write=False)
+    return SecondOrder(doc2, kern, parent_of, frozen_arrays(meta))
 
 
-def contract(prog, plan, ws2, lam: np.ndarray, v: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``out = Σᵢ λᵢ ∂²fᵢ/∂u∂u · v`` at the point of ``ws2``'s last ``eval_into``."""
-    from .programs import _check_vec
-    prog._check_plan(plan)
-    prog._check_ws(ws2)
-    if prog.wrt != "states":
-        raise JacError("bad_option", "contract is the state Hessian contraction (wrt='states')")
-    pt = ws2.second.get("point")
-    if pt is None:
-        raise JacError("bad_argument", "call eval_into on this workspace first (contract uses its point)")
-    u, p, t, f = pt
+def contract_at(prog, ws2, lam: np.ndarray, v: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out = Σᵢ λᵢ ∂²fᵢ/∂u∂u · v`` at ``ws2.point`` (the last
+    ``eval_into``); arguments already checked by ``JacobianProgram.contract``."""
+    u, p, t, f = ws2.point
     L = ws2.lanes
-    n = prog.u_size(L)
-    _check_vec("lam", lam, n)
-    _check_vec("v", v, n)
-    _check_vec("out", out, n, np.float64, out=True)
-    from . import checks
-    checks.disjoint({"out": out}, {"lam": lam, "v": v})
     s = second_order(prog)
     m = s.meta
     size = len(s.doc.fields) * L if prog.kind == "cell" else int(m["slab_size"])
-    D = ws2.second.get("slab")
+    D = ws2.second_slab
     if D is None or D.shape[0] != max(size, 1):
         D = np.zeros(max(size, 1))
-        ws2.second["slab"] = D
+        ws2.second_slab = D
     h = np.zeros(max(s.kernel.n_hoist, 1))
-    prog._run(s.kernel, np.ascontiguousarray(u, dtype=np.float64), p, t,
-              np.ascontiguousarray(f, dtype=np.float64), D, h, ws2.cix, L)
+    s.kernel.run(np.ascontiguousarray(u, dtype=np.float64), p, t,
+                 np.ascontiguousarray(f, dtype=np.float64), D, h, ws2.cix, L, one_thread())
     out[:] = 0.0
     lam = lam.astype(np.float64, copy=False)
     v = v.astype(np.float64, copy=False)
