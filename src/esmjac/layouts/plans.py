@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,10 @@ from .types import ColumnBanded, Csc, Csr, LaneBlocks, LaneSparseBlocks, tile_ca
 __all__ = ["ScatterPlan", "build_plan", "field_meta", "column_split"]
 
 _I = np.int64
+
+#: Index arrays a lane-count agnostic plan derives per lane count
+#: (``csr_index``), read-only, kept beside the plan (never in it).
+_INDEX_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 # ------------------------------------------------------------------ metadata
@@ -225,20 +230,13 @@ class ScatterPlan:
     info: FrozenMap            # JSON-able facts (shape, ordering, lu_pattern, bands…)
     lanes: int | None = None   # required lane count (None: any)
     key: str = ""              # content hash (set by build_plan)
-    #: Derived read-only index arrays per lane count (csr_index), computed on
-    #: first use; not part of the plan's content (never pickled or compared).
-    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "arrays", frozen_arrays(self.arrays))
         object.__setattr__(self, "info", frozen_arrays(self.info))
 
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_memo"}
-
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.__dict__["_memo"] = {}
         self.__post_init__()           # pickle does not keep writeable=False
 
     @property
@@ -293,11 +291,14 @@ class ScatterPlan:
             raise JacError("bad_option", f"the {self.layout.name} plan has no compressed index arrays")
         L = int(self.info["cells"] if lanes is None else lanes)
         key = ("csr_index", L)
-        got = self._memo.get(key)
+        memo = _INDEX_MEMO.get(self)
+        if memo is None:
+            memo = _INDEX_MEMO[self] = {}
+        got = memo.get(key)
         if got is None:
             got = _csr_lanes(self.arrays, self.info, L) if "csr_clane" in self.arrays else \
                 _csc_lanes(self.arrays, self.info, L)
-            self._memo[key] = got
+            memo[key] = got
         return got
 
     #: The compressed (indptr, indices, shape) of a Csr or Csc plan.

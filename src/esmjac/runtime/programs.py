@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,9 @@ PROGRAM_OPTIONS = {
     "per_lane": (),           # scalar parameters read per lane from `forcing` (cell programs)
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+#: Read-only default forcing per program and lane count (see ``_forcing_default``).
+_FORCING_DEFAULTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 # ------------------------------------------------------------------ helpers
 
@@ -146,8 +150,12 @@ class _Base:
             self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
     def _forcing_default(self, lanes: int):
-        """The default forcing at ``lanes`` lanes (computed once per lane count)."""
-        memo = self.__dict__.setdefault("_fdefault", {})
+        """The default forcing at ``lanes`` lanes (computed once per lane count
+        and process, kept beside the program, not in it: products are never
+        changed after construction, and a pickled one carries no memo)."""
+        memo = _FORCING_DEFAULTS.get(self)
+        if memo is None:
+            memo = _FORCING_DEFAULTS[self] = {}
         if lanes not in memo:
             f0 = self.defaults(lanes)[2]
             if f0 is not None:
