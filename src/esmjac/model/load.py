@@ -114,25 +114,37 @@ def _const_at(table, idx):
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def _bottom_up(e, fn):
+    """``e`` rewritten node by node, children first: ``fn(node)`` returns
+    the node's replacement (itself when nothing changes). Memoized on the
+    interned nodes, so a shared subtree is rewritten once."""
+    if not isinstance(e, Node):
+        return e
+    memo: dict = {}
+
+    def go(x):
+        if not isinstance(x, Node):
+            return x
+        if x not in memo:
+            memo[x] = fn(map_children(x, go))
+        return memo[x]
+
+    return go(e)
+
+
 def fold_geometry(e, observed: dict):
     """``polygon_intersection_area`` (esm-spec §8.6.1) of two constant rings
     (``const`` literals, or observed defined by one) is a number, computed
     here by earthsci-ast's own clip and area (the same kernel its problem
     evaluates). Over rings that move with the state it is left as it is
     (and refused: the geometry kernel has no derivative rule here)."""
-    if not isinstance(e, Node):
-        return e
-
     def ring(a):
         d = observed.get(a) if isinstance(a, str) else a
         if isinstance(d, Node) and d.op == "const" and isinstance(d.attr("value"), tuple):
             return _thaw(d.attr("value"))
         return None
 
-    def go(x):
-        if not isinstance(x, Node):
-            return x
-        y = map_children(x, go)
+    def fold(y):
         if y.op == "polygon_intersection_area" and len(y.args) == 2 and isinstance(y.attr("manifold"), str):
             a, b = ring(y.args[0]), ring(y.args[1])
             if a is not None and b is not None:
@@ -147,7 +159,7 @@ def fold_geometry(e, observed: dict):
                                    f"polygon_intersection_area of constant rings failed: {exc}") from exc
         return y
 
-    return go(e)
+    return _bottom_up(e, fold)
 
 
 def normalize_expr(e):
@@ -162,26 +174,14 @@ def normalize_expr(e):
     calculus, the oracle and the compiler already differentiate and
     evaluate (a prefix sum ``j <= i`` becomes a triangular band). Other
     semirings, joins and keyed aggregates keep their filter (refused later)."""
-    if not isinstance(e, Node):
-        return e
-    memo: dict = {}
-
-    def go(x):
-        if not isinstance(x, Node):
-            return x
-        hit = memo.get(x)
-        if hit is not None:
-            return hit
-        y = map_children(x, go)
+    def norm(y):
         if y.op == "const" and not y.args:
             v = y.attr("value")
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                memo[x] = v
                 return v
         if y.op == "index" and y.args and isinstance(y.args[0], Node) and y.args[0].op == "const":
             v = _const_at(y.args[0].attr("value"), y.args[1:])
             if v is not None:
-                memo[x] = v
                 return v
         f = y.attr("filter") if y.op == AGG else None
         if (f is not None and y.attr("reduce") in (None, "+")
@@ -189,10 +189,9 @@ def normalize_expr(e):
                 and not y.attr("join") and y.attr("key") is None and not y.attr("arg")):
             fields = {k: v for k, v in y.extra if k != "filter"}
             y = node(AGG, y.args, node("ifelse", (f, y.body, 0)), **fields)
-        memo[x] = y
         return y
 
-    return go(e)
+    return _bottom_up(e, norm)
 
 
 #: Most terms a contraction of an observed definition is unrolled into.
@@ -255,16 +254,7 @@ def unroll_extrema(e, sizes: dict):
     max(acc_{k-1}, b_k), b_k), acc_{k-1})``. Its derivative is the admitted
     arg-max term's (the calculus's ``max`` rule), and it needs no infinite
     identity unless no term is admitted (then :data:`_EMPTY`)."""
-    if not isinstance(e, Node):
-        return e
-    memo: dict = {}
-
-    def go(x):
-        if not isinstance(x, Node):
-            return x
-        if x in memo:
-            return memo[x]
-        y = map_children(x, go)
+    def unroll(y):
         red = y.attr("reduce") if y.op == AGG else None
         if (red in ("max", "min") and y.attr("semiring") in (None,) and not y.attr("join")
                 and y.attr("key") is None and not y.attr("arg")):
@@ -289,10 +279,9 @@ def unroll_extrema(e, sizes: dict):
                 fields = {k: v for k, v in y.extra if k not in ("ranges", "reduce", "filter")}
                 fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
                 y = node(AGG, y.args, body, **fields) if oidx else body
-        memo[x] = y
         return y
 
-    return go(e)
+    return _bottom_up(e, unroll)
 
 
 def _sizes(index_sets: dict) -> dict:
