@@ -278,8 +278,11 @@ def aggregate_box(e: Node, ctx, shape, *, absolute: bool = False) -> tuple:
         output_idx = e.attr("output_idx")
     oidx = list(output_idx)
     if e.attr("filter") is not None:
+        # Filtered sums arrive as gated sums and small extrema unrolled
+        # (model.load); what is left is a large extremum, a join or a key.
         raise JacError("underivable_operator",
-                       "filtered aggregates are not differentiated (the filter gate would be dropped)")
+                       f"a filtered reduce={e.attr('reduce') or e.attr('semiring') or '+'!r} aggregate "
+                       "(running max/min) has no derivative rule here; filtered sums do")
     if e.attr("join") or e.attr("key") is not None or e.attr("arg"):
         raise JacError("underivable_operator",
                        "relational joins, keyed and argmin/argmax aggregates are not differentiated")

@@ -59,6 +59,11 @@ def rhs_pieces(view: SystemView) -> list:
             found: list = []
             if not shape:
                 if is_array_expr(rhs, ctx):
+                    if isinstance(rhs, Node) and rhs.op == AGG and not rhs.attr("output_idx"):
+                        aggregate_box(rhs, ctx, ())     # a join, filter or semiring: its own refusal
+                        raise JacError("unsupported_construct",
+                                       f"a scalar contraction (an aggregate with no output index) as the "
+                                       f"whole right-hand side of scalar `{u}` is not compiled")
                     raise JacError("unsupported_construct", f"array-valued right-hand side for scalar `{u}`")
                 found.append(((), (), rhs))
             else:
