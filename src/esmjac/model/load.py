@@ -141,7 +141,7 @@ def fold_geometry(e, observed: dict):
     def ring(a):
         d = observed.get(a) if isinstance(a, str) else a
         if isinstance(d, Node) and d.op == "const" and isinstance(d.attr("value"), tuple):
-            return _thaw(d.attr("value"))
+            return thaw(d.attr("value"))
         return None
 
     def fold(y):
@@ -277,7 +277,7 @@ def unroll_extrema(e, sizes: dict):
                     anyf = node("or", (anyf, fk)) if f is not None else 1
                 body = acc if f is None else node("ifelse", (anyf, acc, _EMPTY[red]))
                 fields = {k: v for k, v in y.extra if k not in ("ranges", "reduce", "filter")}
-                fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
+                fields["ranges"] = {n: thaw(r) for n, r in ranges.items() if n in oidx}
                 y = node(AGG, y.args, body, **fields) if oidx else body
         return y
 
