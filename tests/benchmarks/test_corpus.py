@@ -24,7 +24,7 @@ def test_the_sample_holds_our_documents_and_the_shipped_model():
     names = {pathlib.Path(p).name for _, p in SAMPLE}
     assert {"catalyst_species.esm", "two_models.esm", "nested_observed.esm", "ic_from_parameters.esm",
             "state_free_tendency.esm", "bare_broadcast.esm", "interp_tables.esm", "datetime_clock.esm",
-            "aggregate_placement.esm", "function_table.esm", "prefix_sums.esm",
+            "aggregate_placement.esm", "function_table.esm", "prefix_sums.esm", "categorical_geometry.esm", "running_max.esm",
             "tropo12.esm"} <= names
 
 
@@ -52,6 +52,26 @@ def test_initial_values_the_format_derives():
     got = dict(zip(prob.names, prob.y0))
     assert got == pytest.approx(want, rel=1e-15)
     np.testing.assert_array_equal(prob.y0, _eco(path).y0)
+
+
+def test_parameter_overrides_move_the_initial_values_they_define():
+    """ivp(p=…) starts where earthsci-ast's problem with the same p starts:
+    ic(w) = 2 A and ic(u)[i] = amp i follow the overrides; z keeps its default."""
+    import earthsci_ast as ea
+    from esmjac.adapters.scipy import ivp
+    path = DOCS / "ic_from_parameters.esm"
+    p = {"M.A": 3.0, "amp": 1.0}
+    prob = ivp(path, p=p)
+    got = dict(zip(prob.names, prob.y0))
+    assert got["M.w"] == 6.0 and got["M.z"] == 7.0
+    assert [got[f"M.u[{i}]"] for i in (1, 2, 3)] == [1.0, 2.0, 3.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eco = ea.esm_problem(str(path), (0.0, 1.0), p={"M.A": 3.0, "M.amp": 1.0})
+    b = eco.build or eco.scalar_build
+    np.testing.assert_array_equal(prob.y0, np.asarray(b.y0, dtype=float).reshape(-1))
+    # an explicit y0 entry still wins over the derived value
+    assert dict(zip(prob.names, ivp(path, p=p, y0={"M.w": 0.5}).y0))["M.w"] == 0.5
 
 
 def test_a_state_free_tendency_has_the_zero_jacobian():
@@ -206,6 +226,42 @@ def test_bare_operands_align_by_index_set_name():
             want = np.zeros(len(names))
             want[P(i, j)], want[Q(j)], want[R(j, i)] = -y[Q(j)], -y[P(i, j)], 0.1
             np.testing.assert_allclose(J[row], want, rtol=1e-14, atol=0)
+
+
+def test_categorical_lookup_and_constant_geometry_by_hand():
+    """categorical_geometry.esm: r = [4, 8][sea = 2] = 8, the squares
+    [0,2]x[0,1] and [1,3]x[0.5,2] overlap in 1 x 0.5, so
+    f = 0.5 / 8 - 0.1 x^2 and J = -0.2 x."""
+    from esmjac.adapters.scipy import ivp
+    prob = ivp(DOCS / "categorical_geometry.esm")
+    for x in (2.0, 0.3):
+        y = np.array([x])
+        assert prob.fun(0.0, y)[0] == pytest.approx(0.5 / 8 - 0.1 * x * x, rel=1e-14)
+        assert prob.jac_csr(0.0, y).toarray()[0, 0] == pytest.approx(-0.2 * x, rel=1e-14)
+
+
+def test_running_max_and_column_min_by_hand():
+    """running_max.esm: f_m[i] = max_{j<=i} u_j^2 and f_lo = -min_j u_j; the
+    Jacobian is the arg-extremum term's: 2 u_j* at (m_i, u_j*), -1 at (lo, u_argmin)."""
+    from esmjac.adapters.scipy import ivp
+    prob = ivp(DOCS / "running_max.esm")
+    names = list(prob.names)
+    u = np.array([1.2, 0.4, 1.9, 0.7])          # arg-max of u_j^2 over j <= i: 1, 1, 3, 3; arg-min: 2
+    y = np.concatenate([u, np.zeros(5)])
+    f = prob.fun(0.0, y)
+    J = prob.jac_csr(0.0, y).toarray()
+    arg = [0, 0, 2, 2]
+    for i in range(4):
+        row = names.index(f"R.m[{i + 1}]")
+        assert f[row] == pytest.approx(u[arg[i]] ** 2, rel=1e-15)
+        want = np.zeros(len(names))
+        want[arg[i]] = 2 * u[arg[i]]
+        np.testing.assert_allclose(J[row], want, rtol=1e-15, atol=0)
+    row = names.index("R.lo")
+    assert f[row] == -0.4
+    want = np.zeros(len(names))
+    want[1] = -1.0
+    np.testing.assert_array_equal(J[row], want)
 
 
 def test_table_counts_and_headline():

@@ -6,7 +6,7 @@ import cmath
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from esmjac.calculus.rules import Site, dscalar
 from esmjac.calculus.simplify import simp
@@ -74,9 +74,14 @@ exprs = st.recursive(leaf, extend, max_leaves=12)
 def test_smooth_core_matches_complex_step(w, x, y):
     e = from_wire(w)
     d = simp(dscalar(e, Site("x")))
-    got = ev(d, {"x": x, "y": y})
     h = 1e-30
-    want = cev(w, {"x": complex(x, h), "y": complex(y, 0)}).imag / h
+    try:            # a generated tower like exp(0.2 (1.5+…)^13.5) overflows: no reference value
+        ref = cev(w, {"x": complex(x, h), "y": complex(y, 0)})
+    except OverflowError:
+        assume(False)
+    want = ref.imag / h
+    assume(cmath.isfinite(ref) and math.isfinite(want))
+    got = ev(d, {"x": x, "y": y})
     assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
 
 

@@ -236,3 +236,22 @@ def test_one_cell_lifted_document_is_a_cell_program():
     ip, ix, shape = plan.csr_index(1)
     A = assemble(doc).matrix.toarray()
     assert close(csr_array((out, ix, ip), shape=shape).toarray(), A, 1e-13)
+
+
+def test_per_lane_defaults_on_a_gridded_document_cover_every_cell():
+    # A per-lane parameter of a gridded document: its scalar default is
+    # every cell's value, so the defaults (forcing=None) evaluate the same
+    # right-hand side as the program that reads it as a scalar parameter.
+    doc = json.loads(TROPO12.read_text())
+    plain = RhsProgram.build(doc)
+    lanes = RhsProgram.build(doc, options={"per_lane": ["T"]})
+    N = plain.cells
+    assert N > 1 and lanes.forcing0.shape == (lanes.f_size(N),)
+    T = plain.p0[list(plain.param_names).index("T")]
+    k = list(lanes.forcing_names).index("T")
+    assert np.all(lanes.forcing0[k * N:(k + 1) * N] == T)
+    u = plain.u0.copy()
+    a, b = np.empty_like(u), np.empty_like(u)
+    plain.eval_into(u, plain.p0, 0.0, None, a)
+    lanes.eval_into(u, lanes.p0, 0.0, None, b)
+    assert close(b, a, 1e-12)

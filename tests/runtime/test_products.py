@@ -106,3 +106,28 @@ def test_eval_into_leaves_the_plan_untouched():
     j.eval_into(plan, j.u0.copy(), j.p0, 0.0, None, out, ws)
     assert pickle.dumps(plan) == before
     assert ws.fused is not None and ws.fused[0] == plan.key
+
+
+def test_calls_set_nothing_on_a_program_and_a_pickled_one_runs_at_new_lane_counts():
+    # Per-lane-count defaults are remembered beside the program, not in it:
+    # calls leave the product's attributes as they were, and a pickled
+    # program (dask ships them) evaluates its default forcing at a lane
+    # count it has not seen.
+    import json
+
+    from esmjac.runtime.programs import RhsProgram
+    from tests.support.programs import TROPO12
+    r = RhsProgram.build(json.loads(TROPO12.read_text()), options={"per_lane": ["T"]})
+    before = dict(vars(r))
+    u = r.u0.copy()
+    a = np.empty_like(u)
+    r.eval_into(u, r.p0, 0.0, None, a)
+    assert vars(r).keys() == before.keys() and all(vars(r)[k] is v for k, v in before.items())
+    r2 = pickle.loads(pickle.dumps(r))
+    L = r.cells + 3
+    u3 = r2.defaults(L)[0]
+    b = np.empty_like(u3)
+    r2.eval_into(u3, r2.p0, 0.0, None, b, r2.new_buffers(L))
+    c = np.empty_like(u3)
+    r.eval_into(u3, r.p0, 0.0, None, c, r.new_buffers(L))
+    assert np.array_equal(b, c)

@@ -16,7 +16,7 @@ import numpy as np
 from ..calculus import state_independent
 from ..errors import JacError
 from ..layouts.types import Csr
-from ..model.layout import local_name
+from ..model.layout import local_name, resolve_point
 from ..model.load import load_view
 from ..runtime.programs import JacobianProgram, RhsProgram
 
@@ -106,16 +106,22 @@ def _route_cell_parameters(lay, p, forcing):
     return ({k: v for k, v in p.items() if k not in moved}, {**(forcing or {}), **moved})
 
 
-def inputs(r: RhsProgram, y0, p, forcing) -> tuple:
+def inputs(r: RhsProgram, y0, p, forcing, source=None, model=None) -> tuple:
     """(y0, p, forcing) flat float64 vectors (forcing None when the model has none).
 
     ``p`` may name per-cell parameters (shape ``[cell]``): they are forcing
     fields of the compiled programs and go there (an array of one value per
-    cell, or a scalar for all)."""
+    cell, or a scalar for all). A ``p`` dict also moves the initial state the
+    document derives from parameters (``ic(w) = 2 A``, parameter-defaulted
+    states), as earthsci-ast's problem does, unless ``y0`` is a full vector
+    (``source``/``model``: the document, re-read for that)."""
     lay = r.layout
+    u0 = r.u0
+    if isinstance(p, dict) and p and source is not None and (y0 is None or isinstance(y0, dict)):
+        u0 = _derived_initial_state(r, source, model, p, u0)
     p, forcing = _route_cell_parameters(lay, p, forcing)
     lanes = r.cells if r.kind == "cell" else 1
-    y = fill_vector(r.u0, lay, lay.states, y0, r.u_size(lanes), "initial state")
+    y = fill_vector(u0, lay, lay.states, y0, r.u_size(lanes), "initial state")
     pv = fill_vector(r.p0, lay, lay.params, p, len(lay.params), "parameter vector")
     nf = r.f_size(lanes)
     if nf == 0:
@@ -123,6 +129,22 @@ def inputs(r: RhsProgram, y0, p, forcing) -> tuple:
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return y, pv, None
     return y, pv, fill_vector(r.forcing0, lay, lay.forcing, forcing, nf, "forcing")
+
+
+def _derived_initial_state(r: RhsProgram, source, model, p: dict, u0):
+    """The document's initial state under the parameter overrides ``p``, by
+    the rules the build's defaults follow (``model.layout.resolve_point``);
+    ``u0`` where the document still gives none."""
+    lay = r.layout
+    try:
+        pt = resolve_point(load_view(source, model), None, p, 0.0, list(lay.states) + list(lay.all_params))
+    except JacError as exc:
+        if exc.code == "bad_argument" and u0 is None:
+            return None          # still no usable default: fill_vector says so
+        raise
+    if not lay.states:
+        return np.zeros(0)
+    return np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in lay.states])
 
 
 def csr_pattern(plan) -> tuple:

@@ -28,9 +28,17 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import JacError
+from ..integrators.lanestep import RUNNING, STATUS, LaneStepper
+from ..integrators.rosenbrock import METHODS, perm_arrays
+from ..layouts.types import LaneSparseBlocks
+from ..linalg.sparse_lu import CHUNK, SparseLaneLU
+from ..model.expr import free_names
 from ..runtime import checks
-from ..runtime import kernels as K
+from ..runtime.programs import JacobianProgram, RhsProgram
 from ..runtime.threads import numba_threads
+from ..runtime.workspace import lane_cells
+from ._leafcalls import BoundPrograms
+from ._sensitivity import Sensitivities
 
 __all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
            "AUTO_LANES_PER_THREAD"]
@@ -80,7 +88,6 @@ class LeafStats:
 
     @property
     def message(self) -> str:
-        from ..integrators.lanestep import STATUS
         bad = self.failed
         if bad.size == 0:
             return f"all {self.status.size} lanes reached the end"
@@ -93,7 +100,6 @@ class LeafStats:
         return {k: int(getattr(self, k).sum()) for k in ("nsteps", "naccept", "nreject", "nfev", "njev")}
 
     def _reset(self) -> None:
-        from ..integrators.lanestep import RUNNING
         self.status[:] = RUNNING
         for a in (self.nsteps, self.naccept, self.nreject, self.nfev, self.njev):
             a[:] = 0
@@ -145,74 +151,6 @@ def _one_thread_pool_init() -> None:
     numba.set_num_threads(1)
 
 
-def _bind_kernel(prog, kern, p: np.ndarray, t: float):
-    """``f(u, fz, cix, m, out)``: ``kern`` of ``prog`` on the first ``m``
-    lanes with parameters ``p`` and time ``t`` fixed, one-thread kernels;
-    the parameter-only values (the prologue) are hoisted once here, not per
-    call. ``out`` is the kernel's natural output (f values, or band slabs)."""
-    h = np.zeros(max(kern.n_hoist, 1))
-    if kern.engine == "codegen":
-        mod = kern.module()
-        mod.prologue(p, float(t), h)
-        fns = [(getattr(mod, "s" + name), kind == "cell") for name, kind in zip(kern.chunks, kern.chunk_kinds)]
-
-        def f(u, fz, cix, m, out):
-            for fn, cell in fns:
-                if cell:
-                    fn(u, fz, h, cix, out, m)
-                else:
-                    fn(u, fz, h, out)
-        return f
-
-    def f(u, fz, cix, m, out):
-        prog._run(kern, u, p, t, fz, out, h, cix, m)
-    return f
-
-
-class _Bound:
-    """The programs bound to fixed parameters and time for one worker thread:
-    ``rhs(u, fz, cix, m, out)`` and ``jac(u, fz, cix, m, out)`` on the first
-    ``m`` compact lanes, one-thread kernels, parameter-only values hoisted
-    once here (not per call)."""
-
-    def __init__(self, leaf: "RosenbrockLeaf", p: np.ndarray, t: float, capacity: int, plan=None):
-        rhs, jac = leaf.rhs_program, leaf.jac_program
-        plan = leaf.plan if plan is None else plan
-        self.rhs = _bind_kernel(rhs, rhs.kernel, p, t)
-
-        if jac.kernel.engine == "codegen":
-            fk = jac._fused_kernel(plan)
-            mod = fk.module()
-            hj = np.zeros(max(fk.n_hoist, 1))
-            mod.prologue(p, float(t), hj)
-            jfns = [getattr(mod, "sfl" + name) for name in fk.chunks]
-            if fk.tile_scratch:         # tiled chunks take their scratch (one section: serial)
-                from ..compile.codegen import tile_scratch
-                W = plan.tile_width(capacity)
-                scr = [np.empty(tile_scratch(fk.tile_scratch, capacity, W))]
-
-                def j(u, fz, cix, m, out):
-                    if scr[0].size < tile_scratch(fk.tile_scratch, m, W):   # a replay of more lanes
-                        scr[0] = np.empty(tile_scratch(fk.tile_scratch, m, W))
-                    for fn in jfns:
-                        fn(u, fz, hj, cix, out, m, scr[0])
-            else:
-                def j(u, fz, cix, m, out):
-                    for fn in jfns:
-                        fn(u, fz, hj, cix, out, m)
-        else:
-            jk = jac.kernel
-            hj = np.zeros(max(jk.n_hoist, 1))
-            slabs = [np.zeros(max(jac.n_fields * capacity, 1))]
-
-            def j(u, fz, cix, m, out):
-                if slabs[0].size < jac.n_fields * m:          # a replay of more lanes than planned
-                    slabs[0] = np.zeros(jac.n_fields * m)
-                jac._run(jk, u, p, t, fz, slabs[0], hj, cix, m)
-                K.scatter(plan, slabs[0], m, out)
-        self.jac = j
-
-
 class RosenbrockLeaf:
     """A per-cell mechanism ready for operator-split chemistry steps.
 
@@ -225,8 +163,6 @@ class RosenbrockLeaf:
 
     def __init__(self, rhs, jac, plan, p, forcing, *, method, rtol, atol, step, threads,
                  compact, clip_negative, max_steps, max_rejects, h0, time_field=None):
-        from ..integrators.rosenbrock import METHODS, _perm_arrays
-        from ..linalg.sparse_lu import SparseLaneLU
         self.rhs_program, self.jac_program, self.plan = rhs, jac, plan
         self.n_species = rhs.n_species
         self.species = tuple(rhs.layout.states)
@@ -246,7 +182,7 @@ class RosenbrockLeaf:
         self.step = step
         info = plan.info
         self._lu = SparseLaneLU(self.n_species, [tuple(x) for x in info["lu_pattern"]])
-        self._perm, self._iperm = _perm_arrays(tuple(info["ordering"]), self.n_species)
+        self._perm, self._iperm = perm_arrays(tuple(info["ordering"]), self.n_species)
         self.tile = info.get("tile")
         self.p = self._params(p)
         self.rtol = self._rtol(rtol)
@@ -433,9 +369,6 @@ class RosenbrockLeaf:
         sc = self._scratch.get(key)
         if sc is not None:
             return sc
-        from ..integrators.lanestep import LaneStepper
-        from ..linalg.sparse_lu import CHUNK
-        from ..runtime.workspace import lane_cells
         unit = CHUNK if self.tile is None else int(self.tile)
         per = -(-L // nthreads)
         per = -(-per // unit) * unit
@@ -444,7 +377,7 @@ class RosenbrockLeaf:
         cix = lane_cells(self.rhs_program.layout.cell_shape, L)
         steppers = []
         for _, c in blocks:
-            b = _Bound(self, self.p, 0.0, c)
+            b = BoundPrograms(self, self.p, 0.0, c)
             steppers.append(LaneStepper(self._tab, self._lu, self._perm, self._iperm,
                                         len(self._program_forcing), ncd, c, self.tile, b.rhs, b.jac,
                                         self.step == "shared", self.compact))
@@ -653,7 +586,6 @@ class RosenbrockLeaf:
         return other
 
     def _sensitivities(self, wrt_parameters: bool):
-        from ._sensitivity import Sensitivities
         if wrt_parameters and self.source is None:
             raise JacError("bad_option", "parameter sensitivities need a leaf built by rosenbrock(source)")
         key = bool(wrt_parameters)
@@ -789,9 +721,6 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     default: one tile of the active lanes; an int W: tiles of W lanes,
     LaneSparseBlocks' ``tile``). Results are bitwise the same for any value.
     """
-    from ..layouts.types import LaneSparseBlocks
-    from ..model.expr import free_names
-    from ..runtime.programs import JacobianProgram, RhsProgram
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
     rhs = RhsProgram.build(source, model, options=options)

@@ -35,7 +35,13 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from ..linalg.sparse_lu import solve_transpose_lanes
+from ..integrators import lanestep as LS
+from ..layouts.types import LaneBlocks, LaneSparseBlocks
+from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes, solve_transpose_lanes
+from ..runtime.kernels import lane_apply
+from ..runtime.programs import JacobianProgram
+from ..runtime.second import second_order
+from ._leafcalls import BoundPrograms, bind_kernel
 
 __all__ = ["Sensitivities"]
 
@@ -242,7 +248,6 @@ class _Second:
     """Second-order fields of one program evaluated at a point, as arrays."""
 
     def __init__(self, prog):
-        from ..runtime.second import second_order
         s = second_order(prog)
         self.prog, self.s = prog, s
         m = s.meta
@@ -259,9 +264,6 @@ class Sensitivities:
     """Tangent-linear and adjoint replays of a leaf's recorded steps."""
 
     def __init__(self, leaf, wrt_parameters: bool):
-        from ..layouts.types import LaneBlocks, LaneSparseBlocks
-        from ..runtime.programs import JacobianProgram
-        from ._leaf import _Bound
         self.leaf = leaf
         self.jac = leaf.jac_program
         # the replays run untiled (one tile of a record's lanes), whatever the leaf's tile
@@ -274,7 +276,7 @@ class Sensitivities:
             self.plan_p = self.jp.plan(LaneBlocks("natural", tile=None))
             self.sec_p = _Second(self.jp)
             self.nl = int(self.jp.meta["n_lane_cols"])
-        self.bound = _Bound(leaf, leaf.p, 0.0, 1, self.plan)
+        self.bound = BoundPrograms(leaf, leaf.p, 0.0, 1, self.plan)
         self._ws: dict = {}
         tab = leaf._tab
         pts, cur = [], 0
@@ -304,8 +306,6 @@ class Sensitivities:
 
     def _forward_stages(self, y, hs, fz, cix, m, sc, second: bool = True):
         """Recompute one step's stages (exactly the forward's arithmetic)."""
-        from ..integrators import lanestep as LS
-        from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes
         leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
         n = leaf.n_species
         b = self.bound
@@ -356,7 +356,6 @@ class Sensitivities:
         """Build-time index arrays of the fused adjoint (once per Sensitivities):
         the LU slots' permuted (row, col), the tableau as dense arrays, the
         distinct stage points, and the second-order fields in permuted order."""
-        from ..integrators import lanestep as LS
         leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
         S = tab.stages
         iperm = leaf._iperm
@@ -393,11 +392,10 @@ class Sensitivities:
         for k, v in ad.items():
             if isinstance(v, np.ndarray):
                 ad[k] = np.ascontiguousarray(v)
-        from ._leaf import _bind_kernel
-        ad["sec"] = _bind_kernel(self.jac, self.sec.s.kernel, leaf.p, 0.0)
+        ad["sec"] = bind_kernel(self.jac, self.sec.s.kernel, leaf.p, 0.0)
         if self.jp is not None:
-            ad["jp"] = _bind_kernel(self.jp, self.jp.kernel, leaf.p, 0.0)
-            ad["sec_p"] = _bind_kernel(self.jp, self.sec_p.s.kernel, leaf.p, 0.0)
+            ad["jp"] = bind_kernel(self.jp, self.jp.kernel, leaf.p, 0.0)
+            ad["sec_p"] = bind_kernel(self.jp, self.sec_p.s.kernel, leaf.p, 0.0)
         return ad
 
     def _adj_scratch(self, C: int) -> dict:
@@ -433,9 +431,6 @@ class Sensitivities:
         terms of all stages are contracted in one pass over the fields. The
         scalar parameters' gradients are kept per lane and summed over lanes
         once at the end (unit-stride loops instead of a reduction per call)."""
-        from ..integrators import lanestep as LS
-        from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes
-        from ..runtime.kernels import lane_apply
         if not records:
             return
         leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
@@ -536,12 +531,11 @@ class Sensitivities:
         """Re-run the recorded steps (same lanes, same step sizes) from ``y``
         in place, optionally with other parameters: the map the tangent and
         adjoint differentiate (finite differences of it are their oracle)."""
-        from ._leaf import _Bound
         leaf = self.leaf
         n = leaf.n_species
         saved = self.bound
         if p is not None:
-            self.bound = _Bound(leaf, np.ascontiguousarray(p, dtype=np.float64), 0.0, 1, self.plan)
+            self.bound = BoundPrograms(leaf, np.ascontiguousarray(p, dtype=np.float64), 0.0, 1, self.plan)
         try:
             tab = leaf._tab
             for lanes, _, hs in records:
@@ -550,7 +544,6 @@ class Sensitivities:
                 m, k, yc, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)
                 sc = self._scratch(m)
                 self._forward_stages(yc, h, fz, cix, m, sc, second=False)
-                from ..integrators import lanestep as LS
                 mi, mv = LS._nz(tab.m)
                 out = np.empty(n * m)
                 LS._combine(yc, sc["K"], mi, mv, leaf._perm, m, out)
@@ -566,7 +559,6 @@ class Sensitivities:
         n = leaf.n_species
         perm = leaf._perm
         S = tab.stages
-        from ..linalg.sparse_lu import CHUNK, solve_lanes
         lu = leaf._lu
         for lanes, ys, hs in records:
             m, k, y, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)

@@ -47,9 +47,14 @@ from typing import Any
 
 import numpy as np
 
+from ..compile.tape import _OPC
 from ..errors import JacError
+from ..layouts.types import LaneSparseBlocks, untile
+from ..model.expr import free_names
 from ..runtime import checks
-from ..layouts.types import untile
+from ..runtime.programs import JacobianProgram, RhsProgram
+from ..runtime.workspace import lane_cells
+from ._leaf import ATOL_FRACTION, RosenbrockLeaf
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
@@ -191,7 +196,6 @@ def _built(spec: _Spec) -> _Built:
 
 
 def _build(spec: _Spec) -> _Built:
-    from ..runtime.programs import JacobianProgram, RhsProgram
     doc = spec.document()
     opts = dict(spec.options)
     return _Built(RhsProgram.build(doc, spec.model, options=opts),
@@ -280,7 +284,6 @@ def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray | None:
     cell indices (template specs: the workspace's own map then serves)."""
     if spec.template:
         return None
-    from ..runtime.workspace import lane_cells
     return lane_cells(spec.cell_shape, lanes, np.arange(start, start + lanes))
 
 
@@ -288,7 +291,6 @@ def _reads_cells(prog) -> bool:
     """Whether a program's kernels read cell index values (``cix``)."""
     k = prog.kernel
     if k.engine == "tape":
-        from ..compile.tape import _OPC
         return any(bool(np.any(t.code[:, 0] == _OPC["idx"])) for t in k.tapes)
     return "cix[" in k.source
 
@@ -342,7 +344,6 @@ def _jac_block(u, f, spec, layout, p, t, threads, block_info=None):
 
 
 def _apply_block(u, v, f, spec, p, t, threads, transpose, block_info=None):
-    from ..layouts.types import LaneSparseBlocks
     b = _built(spec)
     plan = b.plan(LaneSparseBlocks(tile=None))
     w = u.shape[1]
@@ -409,7 +410,6 @@ class DaskModel:
 
 
 def _lsb():
-    from ..layouts.types import LaneSparseBlocks
     return LaneSparseBlocks
 
 
@@ -457,7 +457,6 @@ def model(source, model: str | None = None, *, cells: int | None = None,
 
 
 def _make_model(doc: dict, model_name, opts: dict, cells: int | None) -> DaskModel:
-    from ..runtime.programs import JacobianProgram, RhsProgram
     sets = _cell_sets(doc, model_name)
     otup = tuple(sorted(opts.items()))
     built = spec = None
@@ -811,7 +810,6 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
     """The leaf's default absolute tolerance (``ATOL_FRACTION`` of each
     species' largest default over the document's cells), from the document
     itself so that every chunk and one process use the same values."""
-    from ._leaf import ATOL_FRACTION as fraction
     models = doc.get("models") or {}
     m = models.get(model_name.split(".")[0]) if model_name else next(iter(models.values()), {})
     var = (m or {}).get("variables") or {}
@@ -819,15 +817,13 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
                                   initial=0.0)) for s in species])
     top = float(scale.max()) if scale.size else 1.0
     top = top if top > 0 else 1.0
-    return fraction * np.maximum(scale, 1e-6 * top)
+    return ATOL_FRACTION * np.maximum(scale, 1e-6 * top)
 
 
 class _Leaf:
     """The per-lane Rosenbrock leaf (``esmjac.adapters._leaf``) on one thread."""
 
     def __init__(self, b: _Built, p, method, rtol, atol, max_steps):
-        from ._leaf import RosenbrockLeaf
-        from ..layouts.types import LaneSparseBlocks
         self.leaf = RosenbrockLeaf(b.rhs, b.jac, b.plan(LaneSparseBlocks(tile=None)), p, None, method=method,
                                    rtol=rtol, atol=atol, step="lane", threads=1, compact=True,
                                    clip_negative=False, max_steps=max_steps, max_rejects=50, h0=None)
@@ -861,7 +857,6 @@ def _advance_block(u, f, spec, p, t0, dt, method, rtol, atol, max_steps, threads
 
 
 def _check_autonomous(m: DaskModel) -> None:
-    from ..model.expr import free_names
     rhs = _client_built(m).rhs
     if any("t" in free_names(rhs.doc.expanded(f.expr)) for f in rhs.doc.fields):
         raise JacError("bad_option",

@@ -221,7 +221,7 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
         raise JacError("adapter_unavailable",
                        "scipy is not installed; pip install 'scipy>=1.10'") from exc
     r, j, plan = build_programs(source, model, build_options)
-    yv, pv, fv = inputs(r, y0, p, forcing)
+    yv, pv, fv = inputs(r, y0, p, forcing, source, model)
     rows, cols, n = csr_pattern(plan)
     nthreads = thread_count(threads, n)
     lband = uband = None

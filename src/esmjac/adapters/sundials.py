@@ -510,7 +510,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
             raise JacError("bad_option", f"option {k!r} is set by the adapter")
 
     r, j, plan = build_programs(source, model, build_options)
-    yv, pv, fv = inputs(r, y0, p, forcing)
+    yv, pv, fv = inputs(r, y0, p, forcing, source, model)
     rows, cols, n = csr_pattern(plan)
     linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
     st = _State.new(r, j, plan, thread_count(threads, n))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, _thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
+from ..model.expr import (AGG, Node, thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
                           substitute)
 from .clip import clip_regions
 from .inline import range_of, region_bound
@@ -251,7 +251,7 @@ def _lift(e: Node, ctx: Ctx, shape) -> Node:
             ranges[fresh] = (1, shape[k])
     fields = {k: v for k, v in e.extra if k not in ("output_idx", "ranges")}
     return node(AGG, e.args, e.body, output_idx=new_oidx,
-                ranges={k: _thaw(r) for k, r in ranges.items()}, **fields)
+                ranges={k: thaw(r) for k, r in ranges.items()}, **fields)
 
 
 def aggregate_box(e: Node, ctx, shape, *, absolute: bool = False) -> tuple:
@@ -278,8 +278,11 @@ def aggregate_box(e: Node, ctx, shape, *, absolute: bool = False) -> tuple:
         output_idx = e.attr("output_idx")
     oidx = list(output_idx)
     if e.attr("filter") is not None:
+        # Filtered sums arrive as gated sums and small extrema unrolled
+        # (model.load); what is left is a large extremum, a join or a key.
         raise JacError("underivable_operator",
-                       "filtered aggregates are not differentiated (the filter gate would be dropped)")
+                       f"a filtered reduce={e.attr('reduce') or e.attr('semiring') or '+'!r} aggregate "
+                       "(running max/min) has no derivative rule here; filtered sums do")
     if e.attr("join") or e.attr("key") is not None or e.attr("arg"):
         raise JacError("underivable_operator",
                        "relational joins, keyed and argmin/argmax aggregates are not differentiated")
@@ -362,12 +365,7 @@ def _makearray(out, e: Node, v, ctx, scale) -> None:
                 _aggregate(sub, val, v, sctx, sub_shape, scale, absolute=True)
             else:
                 _array(sub, val, v, sctx, sub_shape, scale)
-            if isinstance(val, Node) and val.op == AGG:
-                vr = dict(val.attr("ranges") or ())
-                origins = [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1
-                           for n in (val.attr("output_idx") or ())]
-            else:
-                origins = [1] * len(nonsing)
+            origins = value_origins(val, ctx, len(nonsing))
             for b in sub:
                 ridx, rows2, subst = place_subregion(rows, len(b.ridx) == len(rows), origins,
                                                      b.rows, b.ridx)
@@ -440,6 +438,17 @@ def _agg_at(e: Node, idx: list, ctx: Ctx):
                        "(it contracts, filters or starts past 1)")
     sub = aligned(_axis_sets(e), idx, ctx, len(oidx))
     return substitute(e.body, dict(zip(oidx, sub)))
+
+
+def value_origins(val, ctx: Ctx, axes: int) -> list:
+    """Where the indices of a value placed into a sub-region start: an
+    aggregate's output ranges' lower bounds (1 for an output index without a
+    range), else 1 on each of ``axes`` (shared by the calculus and the RHS
+    lowering, so both place a sub-region the same way)."""
+    if isinstance(val, Node) and val.op == AGG:
+        vr = dict(val.attr("ranges") or ())
+        return [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1 for n in (val.attr("output_idx") or ())]
+    return [1] * axes
 
 
 def normalize_band(b: Band) -> Band:

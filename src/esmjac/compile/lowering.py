@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..calculus import context
 from ..calculus.bands import (Ctx, aggregate_box, aligned, is_array_expr, place_subregion,
-                              push_index, unbroadcast)
+                              push_index, unbroadcast, value_origins)
 from ..calculus.inline import inline_observed, range_of, region_bound
 from ..errors import JacError, in_equation
 from ..model.expr import AGG, Node, free_names, mul, node, op, substitute
@@ -59,6 +59,11 @@ def rhs_pieces(view: SystemView) -> list:
             found: list = []
             if not shape:
                 if is_array_expr(rhs, ctx):
+                    if isinstance(rhs, Node) and rhs.op == AGG and not rhs.attr("output_idx"):
+                        aggregate_box(rhs, ctx, ())     # a join, filter or semiring: its own refusal
+                        raise JacError("unsupported_construct",
+                                       f"a scalar contraction (an aggregate with no output index) as the "
+                                       f"whole right-hand side of scalar `{u}` is not compiled")
                     raise JacError("unsupported_construct", f"array-valued right-hand side for scalar `{u}`")
                 found.append(((), (), rhs))
             else:
@@ -142,12 +147,7 @@ def _makearray(out: list, e: Node, ctx: Ctx, scale: tuple) -> None:
             _aggregate(sub, val, ctx.sub(keep), sub_shape, scale, absolute=True)
         else:
             _walk(sub, val, ctx.sub(keep), sub_shape, scale)
-        if isinstance(val, Node) and val.op == AGG:
-            vr = dict(val.attr("ranges") or ())
-            origins = [range_of(vr[n], ctx.index_sets)[0] if n in vr else 1
-                       for n in (val.attr("output_idx") or ())]
-        else:
-            origins = [1] * len(keep)
+        origins = value_origins(val, ctx, len(keep))
         for srows, spins, expr in sub:
             pins, rows2, subst = place_subregion(rows, fullrank, origins, srows, spins)
             out.append((rows2, pins, substitute(expr, subst) if subst else expr))

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .._frozen import FrozenMap, frozen_arrays
-from ..compile.ssa import _table
+from ..compile.ssa import const_table
 from ..errors import JacError
 from ..linalg.factorization import block_order
 from ..model.expr import Node, is_lit
@@ -30,6 +31,10 @@ from .types import ColumnBanded, Csc, Csr, LaneBlocks, LaneSparseBlocks, tile_ca
 __all__ = ["ScatterPlan", "build_plan", "field_meta", "column_split"]
 
 _I = np.int64
+
+#: Index arrays a lane-count agnostic plan derives per lane count
+#: (``csr_index``), read-only, kept beside the plan (never in it).
+_INDEX_MEMO: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 # ------------------------------------------------------------------ metadata
@@ -45,7 +50,7 @@ def _ival(e, env: dict):
     if not isinstance(e, Node):
         raise JacError("unsupported_construct", f"cannot evaluate the index {e!r}")
     if e.op == "index" and isinstance(e.args[0], Node) and e.args[0].op == "const":
-        flat, shape = _table(e.args[0].attr("value"))
+        flat, shape = const_table(e.args[0].attr("value"))
         idx = [np.asarray(_ival(x, env), dtype=float) for x in e.args[1:]]
         f = _flat(idx, shape, max([np.size(i) for i in idx] + [1]))
         if np.any(f < 0):
@@ -225,20 +230,13 @@ class ScatterPlan:
     info: FrozenMap            # JSON-able facts (shape, ordering, lu_pattern, bands…)
     lanes: int | None = None   # required lane count (None: any)
     key: str = ""              # content hash (set by build_plan)
-    #: Derived read-only index arrays per lane count (csr_index), computed on
-    #: first use; not part of the plan's content (never pickled or compared).
-    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "arrays", frozen_arrays(self.arrays))
         object.__setattr__(self, "info", frozen_arrays(self.info))
 
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_memo"}
-
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.__dict__["_memo"] = {}
         self.__post_init__()           # pickle does not keep writeable=False
 
     @property
@@ -293,11 +291,14 @@ class ScatterPlan:
             raise JacError("bad_option", f"the {self.layout.name} plan has no compressed index arrays")
         L = int(self.info["cells"] if lanes is None else lanes)
         key = ("csr_index", L)
-        got = self._memo.get(key)
+        memo = _INDEX_MEMO.get(self)
+        if memo is None:
+            memo = _INDEX_MEMO[self] = {}
+        got = memo.get(key)
         if got is None:
             got = _csr_lanes(self.arrays, self.info, L) if "csr_clane" in self.arrays else \
                 _csc_lanes(self.arrays, self.info, L)
-            self._memo[key] = got
+            memo[key] = got
         return got
 
     #: The compressed (indptr, indices, shape) of a Csr or Csc plan.
@@ -404,20 +405,7 @@ def _csc(prog) -> tuple:
                       stride=np.array(stride, _I), csc_rpos=np.array(rpos, _I))
         arrays.update(_fused(arrays, prog.n_fields))
         return "lane", arrays, info, None
-    j, row, col = _points(prog)
-    o = _csr_order(col, row, j.size)
-    r, c, jj = row[o], col[o], j[o]
-    new = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])] if r.size else np.zeros(0, bool)
-    nnz = int(new.sum())
-    ptr = np.r_[np.flatnonzero(new), r.size].astype(_I) if r.size else np.zeros(1, _I)
-    indices = r[new].astype(_I)
-    indptr = np.zeros(prog.n_cols + 1, _I)
-    np.add.at(indptr, c[new] + 1, 1)
-    indptr = np.cumsum(indptr).astype(_I)
-    info = {"shape": [nrows, prog.n_cols], "nnz": nnz, "size": nnz}
-    arrays = dict(ptr=ptr, src=jj.astype(_I), pos=np.arange(nnz, dtype=_I),
-                  indptr=indptr, indices=indices)
-    return "point", arrays, info, 1
+    return _compressed_points(prog, nrows, by_column=True)
 
 
 def _plain(x):
@@ -569,21 +557,27 @@ def _csr(prog) -> tuple:
                       stride=np.array(stride, _I), csr_clane=clane, csr_cpos=cpos)
         arrays.update(_fused(arrays, prog.n_fields))
         return "lane", arrays, info, None
+    return _compressed_points(prog, nrows, by_column=False)
+
+
+def _compressed_points(prog, nrows: int, by_column: bool) -> tuple:
+    """A point plan in compressed order: ``(kind, arrays, info, lanes)``
+    with SciPy's CSR (``by_column=False``: rows major) or CSC (columns
+    major) ``indptr``/``indices``; the bands of one entry are summed in
+    field order (``ptr``/``src``), each entry stored once (``pos``)."""
     j, row, col = _points(prog)
-    o = _csr_order(row, col, j.size)
-    r, c, jj = row[o], col[o], j[o]
-    new = np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])] if r.size else np.zeros(0, bool)
-    slot = np.cumsum(new) - 1
+    major, minor = (col, row) if by_column else (row, col)
+    o = _csr_order(major, minor, j.size)
+    a, b, jj = major[o], minor[o], j[o]
+    new = np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])] if a.size else np.zeros(0, bool)
     nnz = int(new.sum())
-    ptr = np.r_[np.flatnonzero(new), r.size].astype(_I) if r.size else np.zeros(1, _I)
-    indices = c[new].astype(_I)
-    indptr = np.zeros(nrows + 1, _I)
-    np.add.at(indptr, r[new] + 1, 1)
+    ptr = np.r_[np.flatnonzero(new), a.size].astype(_I) if a.size else np.zeros(1, _I)
+    indptr = np.zeros((prog.n_cols if by_column else nrows) + 1, _I)
+    np.add.at(indptr, a[new] + 1, 1)
     indptr = np.cumsum(indptr).astype(_I)
     info = {"shape": [nrows, prog.n_cols], "nnz": nnz, "size": nnz}
-    del slot
     arrays = dict(ptr=ptr, src=jj.astype(_I), pos=np.arange(nnz, dtype=_I),
-                  indptr=indptr, indices=indices)
+                  indptr=indptr, indices=b[new].astype(_I))
     return "point", arrays, info, 1
 
 

@@ -451,9 +451,11 @@ def default_vectors(view: SystemView, lay: ModelLayout) -> tuple:
         return None, None, None
 
     def flat(names):
+        # A per-lane parameter's default is a scalar: broadcast to its cells.
         if not names:
             return np.zeros(0)
-        return np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=np.float64)) for s in names])
+        return np.concatenate([np.broadcast_to(np.ravel(np.asarray(pt.values[s], dtype=np.float64)),
+                                               (lay.size(s),)) for s in names])
 
     p0 = np.array([float(pt.values[n]) for n in lay.params], dtype=np.float64)
     return readonly(flat(lay.states)), readonly(p0), readonly(flat(lay.forcing))

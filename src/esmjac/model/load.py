@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JacError
-from .expr import AGG, Node, _thaw, add, from_ast, lhs_state, map_children, node, substitute
+from .expr import AGG, Node, thaw, add, from_ast, lhs_state, map_children, node, substitute
 from .validate import validate_view
 
 __all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state", "integrated_states"]
@@ -103,13 +103,21 @@ def load_file(source: Any):
     raise JacError("load_error", f"cannot load a {type(source).__name__} as an .esm document")
 
 
-def unfilter(e):
-    """``e`` with every filtered sum written as a gated sum: an aggregate
-    ``Σ_{j : filter} body`` (``reduce: "+"``, esm-spec §5.4 ``filter``) is
-    ``Σ_j ifelse(filter, body, 0)`` — the same value, and a form the band
-    calculus, the oracle and the compiler already differentiate and
-    evaluate (a prefix sum ``j <= i`` becomes a triangular band). Other
-    semirings, joins and keyed aggregates keep their filter (refused later)."""
+def _const_at(table, idx):
+    """``table[idx…]`` (1-based) when every index is an integer literal in
+    range and the entry is a number, else None."""
+    v = table
+    for i in idx:
+        if not (isinstance(i, int) and not isinstance(i, bool) and isinstance(v, tuple) and 1 <= i <= len(v)):
+            return None
+        v = v[i - 1]
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _bottom_up(e, fn):
+    """``e`` rewritten node by node, children first: ``fn(node)`` returns
+    the node's replacement (itself when nothing changes). Memoized on the
+    interned nodes, so a shared subtree is rewritten once."""
     if not isinstance(e, Node):
         return e
     memo: dict = {}
@@ -117,20 +125,73 @@ def unfilter(e):
     def go(x):
         if not isinstance(x, Node):
             return x
-        hit = memo.get(x)
-        if hit is not None:
-            return hit
-        y = map_children(x, go)
+        if x not in memo:
+            memo[x] = fn(map_children(x, go))
+        return memo[x]
+
+    return go(e)
+
+
+def fold_geometry(e, observed: dict):
+    """``polygon_intersection_area`` (esm-spec §8.6.1) of two constant rings
+    (``const`` literals, or observed defined by one) is a number, computed
+    here by earthsci-ast's own clip and area (the same kernel its problem
+    evaluates). Over rings that move with the state it is left as it is
+    (and refused: the geometry kernel has no derivative rule here)."""
+    def ring(a):
+        d = observed.get(a) if isinstance(a, str) else a
+        if isinstance(d, Node) and d.op == "const" and isinstance(d.attr("value"), tuple):
+            return thaw(d.attr("value"))
+        return None
+
+    def fold(y):
+        if y.op == "polygon_intersection_area" and len(y.args) == 2 and isinstance(y.attr("manifold"), str):
+            a, b = ring(y.args[0]), ring(y.args[1])
+            if a is not None and b is not None:
+                import numpy as np
+                from earthsci_ast import geometry
+                from earthsci_ast.area_faq import polygon_area_via_faq
+                try:
+                    r = geometry.intersect_polygon(np.asarray(a, float), np.asarray(b, float), y.attr("manifold"))
+                    return float(polygon_area_via_faq(r, y.attr("manifold")))
+                except Exception as exc:      # earthsci-ast's own geometry refusal
+                    raise JacError("invalid_document",
+                                   f"polygon_intersection_area of constant rings failed: {exc}") from exc
+        return y
+
+    return _bottom_up(e, fold)
+
+
+def normalize_expr(e):
+    """``e`` in the forms the calculus and the compiler read.
+
+    A scalar ``const`` (what earthsci-ast's enum lowering leaves for
+    ``enum(set, symbol)``, esm-spec §9.3) is its literal, and so is a
+    ``const`` table read at literal indices (a categorical lookup). Every filtered sum
+    is written as a gated sum: an aggregate
+    ``Σ_{j : filter} body`` (``reduce: "+"``, esm-spec §5.4 ``filter``) is
+    ``Σ_j ifelse(filter, body, 0)`` — the same value, and a form the band
+    calculus, the oracle and the compiler already differentiate and
+    evaluate (a prefix sum ``j <= i`` becomes a triangular band). Other
+    semirings, joins and keyed aggregates keep their filter (refused later)."""
+    def norm(y):
+        if y.op == "const" and not y.args:
+            v = y.attr("value")
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                return v
+        if y.op == "index" and y.args and isinstance(y.args[0], Node) and y.args[0].op == "const":
+            v = _const_at(y.args[0].attr("value"), y.args[1:])
+            if v is not None:
+                return v
         f = y.attr("filter") if y.op == AGG else None
         if (f is not None and y.attr("reduce") in (None, "+")
                 and y.attr("semiring") in (None, "sum_product")
                 and not y.attr("join") and y.attr("key") is None and not y.attr("arg")):
             fields = {k: v for k, v in y.extra if k != "filter"}
             y = node(AGG, y.args, node("ifelse", (f, y.body, 0)), **fields)
-        memo[x] = y
         return y
 
-    return go(e)
+    return _bottom_up(e, norm)
 
 
 #: Most terms a contraction of an observed definition is unrolled into.
@@ -175,8 +236,52 @@ def unroll_contractions(e, sizes: dict):
     terms = [substitute(e.body, dict(zip(contracted, vals)))
              for vals in itertools.product(*(range(lo, hi + 1) for lo, hi in spans))]
     fields = {k: v for k, v in e.extra if k != "ranges"}
-    fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
+    fields["ranges"] = {n: thaw(r) for n, r in ranges.items() if n in oidx}
     return node(AGG, e.args, add(*terms), **fields)
+
+
+#: The empty extremum's value: earthsci-ast's identities are ∓inf, which no
+#: document literal may be (validate refuses non-finite literals); an
+#: extremum over no admitted term is the only place it differs.
+_EMPTY = {"max": -1.7976931348623157e308, "min": 1.7976931348623157e308}
+
+
+def unroll_extrema(e, sizes: dict):
+    """Every ``reduce: "max"``/``"min"`` aggregate (optionally filtered)
+    whose contracted ranges are known and small, as a closed chain of
+    ``max``/``min`` over the admitted terms: with ``f_k`` the filter at the
+    k-th point and ``b_k`` the body, ``acc_k = ifelse(f_k, ifelse(any_{k-1},
+    max(acc_{k-1}, b_k), b_k), acc_{k-1})``. Its derivative is the admitted
+    arg-max term's (the calculus's ``max`` rule), and it needs no infinite
+    identity unless no term is admitted (then :data:`_EMPTY`)."""
+    def unroll(y):
+        red = y.attr("reduce") if y.op == AGG else None
+        if (red in ("max", "min") and y.attr("semiring") in (None,) and not y.attr("join")
+                and y.attr("key") is None and not y.attr("arg")):
+            oidx = [n for n in (y.attr("output_idx") or ()) if isinstance(n, str)]
+            ranges = dict(y.attr("ranges") or ())
+            contracted = sorted(n for n in ranges if n not in oidx)
+            spans = [_span(ranges[n], sizes) for n in contracted]
+            if contracted and None not in spans and math.prod(hi - lo + 1 for lo, hi in spans) <= UNROLL_TERMS:
+                f = y.attr("filter")
+                acc = anyf = None
+                for vals in itertools.product(*(range(lo, hi + 1) for lo, hi in spans)):
+                    sub = dict(zip(contracted, vals))
+                    b = substitute(y.body, sub)
+                    fk = 1 if f is None else substitute(f, sub)
+                    if acc is None:
+                        acc, anyf = b, fk
+                        continue
+                    step = node(red, (acc, b))
+                    acc = node("ifelse", (fk, node("ifelse", (anyf, step, b)), acc))
+                    anyf = node("or", (anyf, fk)) if f is not None else 1
+                body = acc if f is None else node("ifelse", (anyf, acc, _EMPTY[red]))
+                fields = {k: v for k, v in y.extra if k not in ("ranges", "reduce", "filter")}
+                fields["ranges"] = {n: thaw(r) for n, r in ranges.items() if n in oidx}
+                y = node(AGG, y.args, body, **fields) if oidx else body
+        return y
+
+    return _bottom_up(e, unroll)
 
 
 def _sizes(index_sets: dict) -> dict:
@@ -350,8 +455,10 @@ def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
                                    getattr(var, "element_type", None))
     eqs = []
     for eq in m.equations:
-        eqs.append((from_ast(eq.lhs), unfilter(from_ast(eq.rhs))))
-    observed = {n: unroll_contractions(unfilter(from_ast(r)), sizes) for n, r in defs_bare.items()}
+        eqs.append((from_ast(eq.lhs), unroll_extrema(normalize_expr(from_ast(eq.rhs)), sizes)))
+    observed = {n: unroll_contractions(normalize_expr(from_ast(r)), sizes) for n, r in defs_bare.items()}
+    observed = {n: fold_geometry(d, observed) for n, d in observed.items()}
+    eqs = [(lhs, fold_geometry(rhs, observed)) for lhs, rhs in eqs]
     dom = getattr(f, "domain", None)
     et = getattr(dom, "element_type", None) if dom is not None else None
     return SystemView(name, variables, tuple(eqs), sizes, observed,
@@ -362,7 +469,8 @@ def _model_view(f, name: str, order: tuple | None = None) -> SystemView:
 def _flat_view(flat) -> SystemView:
     sizes = _sizes(flat.index_sets)
     lifted = dict(getattr(flat, "lifted_shapes", {}) or {})
-    eqs = [(from_ast(eq.lhs), unfilter(from_ast(eq.rhs))) for eq in flat.equations]
+    eqs = [(from_ast(eq.lhs), unroll_extrema(normalize_expr(from_ast(eq.rhs)), _sizes(flat.index_sets)))
+           for eq in flat.equations]
     # The 1.0.0 model, re-derived from the equations themselves: states are
     # D-targets, observed are bare-LHS definitions of non-states.
     integrated = integrated_states(flat)
@@ -371,6 +479,8 @@ def _flat_view(flat) -> SystemView:
     for lhs, rhs in eqs:
         if isinstance(lhs, str) and lhs not in states and lhs not in observed:
             observed[lhs] = unroll_contractions(rhs, sizes)
+    observed = {n: fold_geometry(d, observed) for n, d in observed.items()}
+    eqs = [(lhs, fold_geometry(rhs, observed)) for lhs, rhs in eqs]
     variables = {}
     for group, default_kind in ((flat.state_variables, "algebraic"),
                                 (flat.observed_variables, "observed"),

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,9 @@ PROGRAM_OPTIONS = {
     "per_lane": (),           # scalar parameters read per lane from `forcing` (cell programs)
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+#: Read-only default forcing per program and lane count (see ``_forcing_default``).
+_FORCING_DEFAULTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 # ------------------------------------------------------------------ helpers
 
@@ -146,8 +150,12 @@ class _Base:
             self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
     def _forcing_default(self, lanes: int):
-        """The default forcing at ``lanes`` lanes (computed once per lane count)."""
-        memo = self.__dict__.setdefault("_fdefault", {})
+        """The default forcing at ``lanes`` lanes (computed once per lane count
+        and process, kept beside the program, not in it: products are never
+        changed after construction, and a pickled one carries no memo)."""
+        memo = _FORCING_DEFAULTS.get(self)
+        if memo is None:
+            memo = _FORCING_DEFAULTS[self] = {}
         if lanes not in memo:
             f0 = self.defaults(lanes)[2]
             if f0 is not None:
@@ -167,6 +175,12 @@ class _Base:
         if n == 0:
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
+
+
+def _view_layout(source, model, opts: dict) -> tuple:
+    """The model's view (``source`` loaded, or a view given as it is) and its layout."""
+    view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
+    return view, model_layout(view, opts["per_lane"])
 
 
 def build_key(kind: str, source, model, wrt, opts: dict) -> tuple | None:
@@ -288,8 +302,7 @@ class RhsProgram(_Product, _Base):
         t0 = time.perf_counter()
 
         def make():
-            view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view, opts["per_lane"])
+            view, lay = _view_layout(source, model, opts)
             doc = rhs_doc(view, lay)
             _stage(opts, f"rhs document: {len(doc.fields)} pieces, {doc.kind} lanes", t0, "rhs")
             kern = compile_doc(doc, opts)
@@ -439,8 +452,7 @@ class JacobianProgram(_Product, _Base):
         t0 = time.perf_counter()
 
         def make():
-            view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
-            lay = model_layout(view, opts["per_lane"])
+            view, lay = _view_layout(source, model, opts)
             bs = _bandset(view, wrt, lay, opts)
             _stage(opts, f"calculus: {len(bs.entries)} bands ({bs.structure})", t0)
             rdoc = rhs_doc(view, lay)
