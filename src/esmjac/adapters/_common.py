@@ -16,7 +16,7 @@ import numpy as np
 from ..calculus import state_independent
 from ..errors import JacError
 from ..layouts.types import Csr
-from ..model.layout import local_name
+from ..model.layout import local_name, resolve_point
 from ..model.load import load_view
 from ..runtime.programs import JacobianProgram, RhsProgram
 
@@ -135,7 +135,6 @@ def _derived_initial_state(r: RhsProgram, source, model, p: dict, u0):
     """The document's initial state under the parameter overrides ``p``, by
     the rules the build's defaults follow (``model.layout.resolve_point``);
     ``u0`` where the document still gives none."""
-    from ..model.layout import resolve_point
     lay = r.layout
     try:
         pt = resolve_point(load_view(source, model), None, p, 0.0, list(lay.states) + list(lay.all_params))

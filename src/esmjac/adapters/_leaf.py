@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import JacError
 from ..integrators.lanestep import RUNNING, STATUS, LaneStepper
-from ..integrators.rosenbrock import METHODS, _perm_arrays
+from ..integrators.rosenbrock import METHODS, perm_arrays
 from ..layouts.types import LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU
 from ..model.expr import free_names
@@ -182,7 +182,7 @@ class RosenbrockLeaf:
         self.step = step
         info = plan.info
         self._lu = SparseLaneLU(self.n_species, [tuple(x) for x in info["lu_pattern"]])
-        self._perm, self._iperm = _perm_arrays(tuple(info["ordering"]), self.n_species)
+        self._perm, self._iperm = perm_arrays(tuple(info["ordering"]), self.n_species)
         self.tile = info.get("tile")
         self.p = self._params(p)
         self.rtol = self._rtol(rtol)

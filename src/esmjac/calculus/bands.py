@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, _thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
+from ..model.expr import (AGG, Node, thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
                           substitute)
 from .clip import clip_regions
 from .inline import range_of, region_bound
@@ -251,7 +251,7 @@ def _lift(e: Node, ctx: Ctx, shape) -> Node:
             ranges[fresh] = (1, shape[k])
     fields = {k: v for k, v in e.extra if k not in ("output_idx", "ranges")}
     return node(AGG, e.args, e.body, output_idx=new_oidx,
-                ranges={k: _thaw(r) for k, r in ranges.items()}, **fields)
+                ranges={k: thaw(r) for k, r in ranges.items()}, **fields)
 
 
 def aggregate_box(e: Node, ctx, shape, *, absolute: bool = False) -> tuple:

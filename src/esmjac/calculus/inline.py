@@ -14,7 +14,7 @@ and ``index``-of-array-expression β-reduction.
 from __future__ import annotations
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, _thaw, free_names, from_wire, iter_children, map_children, node, op,
+from ..model.expr import (AGG, Node, thaw, free_names, from_wire, iter_children, map_children, node, op,
                           substitute, walk)
 from ..model.evaluate import Decline as _Decline, ev as _ev
 
@@ -32,7 +32,7 @@ def region_bound(b) -> int:
     if isinstance(b, float):
         return int(round(b))
     try:
-        return int(round(_ev(from_wire(_thaw(b)), {})))
+        return int(round(_ev(from_wire(thaw(b)), {})))
     except (_Decline, TypeError, KeyError):
         raise JacError("unsupported_construct", f"region bound {b!r} is not a closed integer expression")
 

@@ -30,7 +30,7 @@ from ..model.closed import expand_closed
 from ..model.expr import AGG, Node, free_names, is_lit, node, substitute
 from ..model.layout import strides as row_major_strides
 
-__all__ = ["Block", "Lowering", "UNARY", "BINARY"]
+__all__ = ["Block", "Lowering", "UNARY", "BINARY", "const_table"]
 
 UNARY = {"exp", "log", "log10", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan",
          "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "abs", "sign", "floor", "ceil",
@@ -264,7 +264,7 @@ class Lowering:
         if isinstance(head, Node) and head.op == "const":
             v = head.attr("value")
             if not all(is_lit(a) for a in args):
-                flat, shape = _table(v)
+                flat, shape = const_table(v)
                 if len(flat) > 4096:
                     raise JacError("unsupported_construct", "a data table of more than 4096 entries read "
                                    "at a computed index is not compiled")
@@ -307,7 +307,7 @@ class Lowering:
         return _fold(blk, "+", terms) if terms else blk.emit("const", 0.0)
 
 
-def _table(v) -> tuple:
+def const_table(v) -> tuple:
     """Row-major flat values and shape of a nested literal table."""
     shape = []
     x = v

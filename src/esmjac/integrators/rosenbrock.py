@@ -44,7 +44,7 @@ from ..errors import JacError
 from ..runtime import checks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU, single_chunk_threads
 
-__all__ = ["rosenbrock", "RosenbrockResult", "METHODS"]
+__all__ = ["rosenbrock", "RosenbrockResult", "METHODS", "perm_arrays"]
 
 
 # --------------------------------------------------------------------------
@@ -308,7 +308,9 @@ def _pos_int(name, v) -> int:
     return int(v)
 
 
-def _perm_arrays(perm, n):
+def perm_arrays(perm, n) -> tuple:
+    """``(perm, inverse)`` int64 arrays of a variable order (None: the
+    identity); a sequence that is not a permutation of ``range(n)`` is refused."""
     if perm is None:
         p = np.arange(n, dtype=np.int64)
     else:
@@ -390,7 +392,7 @@ def rosenbrock(
     lu = lu_pattern if isinstance(lu_pattern, SparseLaneLU) else SparseLaneLU(n, lu_pattern)
     if lu.n != n:
         raise JacError("bad_argument", f"lu_pattern is for n={lu.n}, not n={n}")
-    p, ip = _perm_arrays(perm, n)
+    p, ip = perm_arrays(perm, n)
     N = n * L
 
     u0a = np.asarray(u0)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._frozen import FrozenMap, frozen_arrays
-from ..compile.ssa import _table
+from ..compile.ssa import const_table
 from ..errors import JacError
 from ..linalg.factorization import block_order
 from ..model.expr import Node, is_lit
@@ -50,7 +50,7 @@ def _ival(e, env: dict):
     if not isinstance(e, Node):
         raise JacError("unsupported_construct", f"cannot evaluate the index {e!r}")
     if e.op == "index" and isinstance(e.args[0], Node) and e.args[0].op == "const":
-        flat, shape = _table(e.args[0].attr("value"))
+        flat, shape = const_table(e.args[0].attr("value"))
         idx = [np.asarray(_ival(x, env), dtype=float) for x in e.args[1:]]
         f = _flat(idx, shape, max([np.size(i) for i in idx] + [1]))
         if np.any(f < 0):

@@ -25,7 +25,8 @@ __all__ = [
     "Node", "Expr", "AGG", "node", "with_args", "lit", "op", "is_lit", "is_zero", "is_one",
     "add", "mul", "neg", "map_children", "iter_children", "walk",
     "free_names", "from_ast", "to_ast", "to_wire", "from_wire",
-    "stable_json", "format_float", "node_count", "substitute", "lhs_state",
+    "stable_json", "format_float", "node_count", "substitute", "lhs_state", "thaw", "ARRAY_OPS",
+    "is_array_expr",
 ]
 
 AGG = "aggregate"                     # internal tag for faq / aggregate
@@ -50,11 +51,12 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-def _thaw(v: Any) -> Any:
+def thaw(v: Any) -> Any:
+    """A node field as plain data again: frozen mappings → dicts, tuples → lists."""
     if isinstance(v, _FDict):
-        return {k: _thaw(x) for k, x in v}
+        return {k: thaw(x) for k, x in v}
     if isinstance(v, tuple):
-        return [_thaw(x) for x in v]
+        return [thaw(x) for x in v]
     return v
 
 
@@ -414,7 +416,7 @@ def to_wire(e: Expr, agg_spelling: str = "aggregate") -> Any:
         elif name in _DICT_KIDS:
             d[name] = {k: to_wire(c, agg_spelling) for k, c in v}
         else:
-            d[name] = _thaw(v)
+            d[name] = thaw(v)
     return d
 
 

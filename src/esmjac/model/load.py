@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JacError
-from .expr import AGG, Node, _thaw, add, from_ast, lhs_state, map_children, node, substitute
+from .expr import AGG, Node, thaw, add, from_ast, lhs_state, map_children, node, substitute
 from .validate import validate_view
 
 __all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state", "integrated_states"]
@@ -141,7 +141,7 @@ def fold_geometry(e, observed: dict):
     def ring(a):
         d = observed.get(a) if isinstance(a, str) else a
         if isinstance(d, Node) and d.op == "const" and isinstance(d.attr("value"), tuple):
-            return _thaw(d.attr("value"))
+            return thaw(d.attr("value"))
         return None
 
     def fold(y):
@@ -236,7 +236,7 @@ def unroll_contractions(e, sizes: dict):
     terms = [substitute(e.body, dict(zip(contracted, vals)))
              for vals in itertools.product(*(range(lo, hi + 1) for lo, hi in spans))]
     fields = {k: v for k, v in e.extra if k != "ranges"}
-    fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
+    fields["ranges"] = {n: thaw(r) for n, r in ranges.items() if n in oidx}
     return node(AGG, e.args, add(*terms), **fields)
 
 
@@ -277,7 +277,7 @@ def unroll_extrema(e, sizes: dict):
                     anyf = node("or", (anyf, fk)) if f is not None else 1
                 body = acc if f is None else node("ifelse", (anyf, acc, _EMPTY[red]))
                 fields = {k: v for k, v in y.extra if k not in ("ranges", "reduce", "filter")}
-                fields["ranges"] = {n: _thaw(r) for n, r in ranges.items() if n in oidx}
+                fields["ranges"] = {n: thaw(r) for n, r in ranges.items() if n in oidx}
                 y = node(AGG, y.args, body, **fields) if oidx else body
         return y
 
