@@ -38,7 +38,7 @@ demo: $(STAMP_BASE)
 # Layer contracts first (pyproject [tool.importlinter]), then the tests.
 test: $(STAMP_TEST)
 	$(VENV)/bin/lint-imports
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q -n auto --maxprocesses=4 --dist loadfile
 
 # The documentation (the tests build it too, warnings as errors).
 docs: $(STAMP_TEST)

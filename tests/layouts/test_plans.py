@@ -189,7 +189,7 @@ res = {}
 for n in (1, 2, 7, 16):
     numba.set_num_threads(n)
     hs = []
-    for lay in (LaneBlocks(), LaneSparseBlocks(), LaneSparseBlocks(tile=8), LaneBlocks(tile=None), Csr()):
+    for lay in (LaneBlocks(), LaneSparseBlocks(), Csr()):
         plan = j.plan(lay, source=r); ws = j.new_workspace(keep_slab=True)
         out = np.zeros(plan.out_size(ws.lanes)); j.eval_into(plan, u, r.p0, 0.0, None, out, ws)
         g = np.zeros(j.col_size(ws.lanes)); j.apply_transpose(plan, ws, u, g)
@@ -410,8 +410,10 @@ def test_tile_formula_against_a_direct_reading_of_the_matrix():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_tile_widths_give_the_same_bits(dtype):
-    """Tile widths 1/4/8/16/None (and 5: a ragged last tile), direct writes
-    and the slab path, padded capacities: one set of bits per lane."""
+    """Tile widths 16 (the default) and 5 (a ragged last tile) against one
+    tile (None), direct writes and the slab path, padded capacities: one set
+    of bits per lane. (Widths 1/2/3/8 are covered by test_bound and the
+    ColumnBanded test below.)"""
     r, j = rhs_prog("tropo12"), jac_prog("tropo12")
     N = j.cells
     P = N + 13                                  # padded workspace: lanes past N repeat the last cell
@@ -423,7 +425,7 @@ def test_tile_widths_give_the_same_bits(dtype):
     fl = np.ascontiguousarray(f.reshape(nf, N)[:, pidx]).ravel()
     for make in (LaneSparseBlocks, lambda tile: LaneBlocks("markowitz", tile=tile)):
         ref = _lane_eval(j, r, make(None), ul, fl, P, keep_slab=True, dtype=dtype)
-        for W in (1, 4, 5, 8, 16, None):
+        for W in (5, 16):                       # a ragged last tile; the default width
             for keep in (False, True):
                 got = _lane_eval(j, r, make(W), ul, fl, P, keep_slab=keep, dtype=dtype)
                 assert np.array_equal(got, ref), (W, keep)
