@@ -86,14 +86,8 @@ def load_avg() -> list:
 
 def time_calls(fn, n: int, warmup: int = 2) -> tuple:
     """(median, min, n) wall seconds of ``fn()`` over ``n`` timed calls."""
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts), min(ts), n
+    med, mn = peers.median_time(fn, n, warmup, with_min=True)
+    return med, mn, n
 
 
 def time_many(fns: dict, n: int, rounds: int = 5, warmup: int = 2) -> dict:
