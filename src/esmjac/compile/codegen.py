@@ -18,10 +18,17 @@ literal offsets, so LLVM proves them independent and vectorizes it without
 runtime alias checks (it leaves loops of fewer than 16 known iterations
 scalar: hence the default ``W``), and the tile's slots — one contiguous run
 of ``nslots × W`` values, ``((l // W)*nslots + q)*W + l % W`` — are copied
-out. The band slab, the right-hand side and untiled plans are written
-lanes-fastest (``out[k*L + l]``) by a plain loop over lanes: with a few flops
-per stored value the scratch copies cost more than SIMD saves (measured).
-Global chunks are a loop over box points.
+out. A cell right-hand side (``tile_chunk<i>``) runs the same way over tiles
+of :data:`RHS_TILE` lanes but keeps its earthsci_ast output order
+(``out[s*L + l]``): the tile loop reads the state straight from ``u`` at
+unsigned offsets (no wraparound selects: plain vector loads) and writes a
+*stack* scratch (compile/stackbuf.py), which LLVM knows aliases nothing,
+then copies each output out in a contiguous run. Both vectorize with Numba's
+default loop vectorizer — SLP stays off and no Numba setting is changed.
+The band slab and untiled plans are written lanes-fastest (``out[k*L + l]``)
+by a plain loop over lanes: with a few flops per stored value the scratch
+copies cost more than SIMD saves (measured). Global chunks are a loop over
+box points.
 
 Each chunk function is written once; the module compiles it twice: ``chunk<i>``
 (``parallel=True``, ``prange`` over blocks of tiles) and its serial twin
@@ -52,6 +59,11 @@ __all__ = ["generate", "Generated", "GENERATOR", "tile_scratch"]
 
 #: Tiles per parallel work item (one scratch allocation per item).
 _TILES_PER_ITEM = 64
+
+#: Lanes per tile of a cell right-hand side (``None``: one lane per loop
+#: iteration, the old scalar loop). A literal trip count LLVM vectorizes;
+#: chosen by measurement (benchmarks/bench_tiles.py).
+RHS_TILE = 64
 
 GENERATOR = f"esmjac-codegen {__version__}"
 
@@ -98,7 +110,8 @@ def _lit(x: float) -> str:
 
 
 _RESERVED = {"u", "f", "h", "p", "t", "cix", "out", "L", "S", "j", "l", "q", "m", "w", "l0", "ob",
-             "nb", "np", "math", "min", "max", "abs", "int", "float", "range", "blk", "it", "Lm1"}
+             "nb", "np", "math", "min", "max", "abs", "int", "float", "range", "blk", "it", "Lm1",
+             "x", "o", "s", "a", "bad", "Lo", "lo", "j0", "U", "F", "C", "Sv", "nt", "ju", "stack_empty"}
 
 
 class _Names:
@@ -248,7 +261,8 @@ def _names_equation(fn):
 
 @_names_equation
 def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
-             tile: int | None = None, nslots: int | None = None) -> Generated:
+             tile: int | None = None, nslots: int | None = None,
+             rhs_tile: int | None = RHS_TILE) -> Generated:
     """Source for ``doc`` (an :class:`~esmjac.compile.evaldoc.EvalDoc`).
 
     With ``dest`` (per field: the plan slot ``(a, b, stride)`` it lands in)
@@ -273,6 +287,8 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
         "",
         "import numba as nb",
         "import numpy as np",
+        "",
+        "from esmjac.compile.stackbuf import stack_empty",
         "",
         "_JIT = dict(cache=True, error_model='numpy', nogil=True)",
         "",
@@ -337,6 +353,8 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
                 a1 = pending[0][1] if pending else P
                 lines, n, hv, sz = _tile_chunk("fl" + name, blk, taken, doc, names, mode, a0, a1, P, tile)
                 scratch = max(scratch, sz)
+            elif mode == "lanes" and rhs and dest is None and rhs_tile:
+                lines, n, hv = _rhs_tile_chunk(name, blk, taken, doc, names, int(rhs_tile))
             elif mode == "lanes":
                 empty = [] if chunks or dest is None else sorted(set(range(P)) - set(idx))
                 lines, n, hv = _lane_chunk(name if dest is None else "fl" + name, blk, taken, doc, names,
@@ -635,6 +653,85 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
     loop = f"for it in range((nt + {_TILES_PER_ITEM - 1}) // {_TILES_PER_ITEM}):"
     return (tile_fn + _variants(name, "u, f, h, cix, out, L, S", loop, pre + ["    bad = 0"], body, "bad"),
             len(pr.lines), pr.hoisted, sz)
+
+
+def _rhs_tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, TW: int) -> tuple:
+    """A cell right-hand side chunk over tiles of ``TW`` lanes (output
+    ``out[s*L + l]``, the earthsci_ast order, unchanged).
+
+    ``tile_<name>`` computes lanes ``l0 .. l0+TW-1``: one ``for j in
+    range(TW)`` loop (a literal trip count) reading the caller's arrays at
+    unit stride and writing a stack scratch ``S`` (compile/stackbuf.py) at
+    literal offsets. LLVM knows a stack slot aliases no argument, so the
+    loop vectorizes without run-time alias checks (packed ``vmulpd``/
+    ``vaddpd``); then each output is copied to ``out`` by a contiguous loop
+    of its own (one stream at a time: lane-major stores to many streams at
+    once are slow), counting non-finite values while they are in cache.
+    The per-lane arithmetic is the scalar loop's, operation for operation
+    (fastmath stays off, no contraction), so the bits are the same for any
+    tile width and lane count. The last tile of a lane count that is not a
+    multiple of ``TW`` is shifted back to end at lane ``L - 1`` (its first
+    lanes are recomputed, bit-identically, and not stored again); fewer
+    than ``TW`` lanes are copied into stack buffers first (padding lanes
+    repeat the last lane)."""
+    lay = doc.layout
+    need = _live(blk, [vals[0] for _, vals, _ in taken])
+    reads = []
+    for v, (op, args) in enumerate(blk.ins):
+        if op == "lane" and v in need and args not in reads:
+            reads.append(args)
+    ncd = len(lay.cell_shape)
+    cdims = [d for d in range(ncd) if any(blk.ins[v] == ("idx", (d,)) for v in need)]
+    # Views at the tile's first lane (``_u3 = u[3 * L + l0:]``) read at
+    # ``[j]``: LLVM then knows every index is in 0..TW-1, so Numba's
+    # negative-index wraparound folds away and the reads are plain unit-
+    # stride vector loads (``u[3 * L + l0 + j]`` would leave a select per
+    # read, turned into gathers).
+    view = {r: f"_{r[0]}{r[1]}" for r in reads}
+    pr = _Printer(blk, "v", lambda src, s: f"{src}[{view[(src, s)]} + ju]", [f"c{d}" for d in range(ncd)],
+                  _hint(doc, names))
+    pr.run([vals[0] for _, vals, _ in taken])
+    hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
+    nout = len(taken)
+    cvals = ["ju = nb.uint64(j)"] + [f"c{d} = float(cix[_c{d} + ju])" for d in cdims]
+    views = [f"    {view[r]} = nb.uint64({r[1]} * L + l0)" for r in reads]
+    views += [f"    _c{d} = nb.uint64({d} * L + l0)" for d in cdims]
+    stores, slot, copy = [], {}, []
+    for (target, _), vals, i in taken:
+        op = "+=" if i in slot else "="
+        k = slot.setdefault(i, len(slot))
+        stores.append(f"S[{k} * {TW} + j] {op} {pr.ref(vals[0])}{_what(doc, target)}")
+    for i, k in slot.items():
+        copy += [f"o = nb.uint64({i} * Lo + lo + j0)", f"s = nb.uint64({k} * {TW} + j0)",
+                 "for j in range(m - j0):", "    ju = nb.uint64(j)",
+                 "    x = S[s + ju]", "    out[o + ju] = x", "    if x - x != 0.0:", "        bad += 1"]
+    nsl = max(len(slot), 1)
+    tile_fn = ["", "@nb.njit(**_JIT)", f"def tile_{name}(u, f, cix, L, l0, h, out, Lo, lo, j0, m):",
+               f'    """Lanes l0..l0+{TW - 1} of {name} (inputs ``x[s*L + l0 + j]``) into '
+               f'``out[s*Lo + lo + j]`` for j0 <= j < m; the number of non-finite values stored."""',
+               *hv, f"    S = stack_empty({nsl * TW}, out.dtype)", *views,
+               f"    for j in range({TW}):", *["        " + x for x in (cvals + pr.lines + stores or ["pass"])],
+               "    bad = 0", *["    " + x for x in copy], "    return bad"]
+    # Fewer lanes than a tile: the inputs this chunk reads, clamped to the
+    # last lane, in stack buffers of TW lanes (``x[s*TW + j]``).
+    nu = 1 + max([s for src, s in reads if src == "u"], default=0)
+    nf = 1 + max([s for src, s in reads if src == "f"], default=0)
+    small = ["", "@nb.njit(**_JIT)", f"def small_{name}(u, f, h, cix, out, L):",
+             f'    """{name} at fewer than {TW} lanes."""',
+             f"    U = stack_empty({nu * TW}, u.dtype)", f"    F = stack_empty({nf * TW}, f.dtype)",
+             f"    C = stack_empty({max(ncd, 1) * TW}, cix.dtype)",
+             f"    for j in range({TW}):", "        l = min(j, L - 1)"]
+    for src, s in reads:
+        small.append(f"        {src.upper()}[{s} * {TW} + j] = {src}[{s} * L + l]")
+    for d in cdims:
+        small.append(f"        C[{d} * {TW} + j] = cix[{d} * L + l]")
+    small.append(f"    return tile_{name}(U, F, C, {TW}, 0, h, out, L, 0, 0, L)")
+    pre = [f"    if L < {TW}:", f"        return small_{name}(u, f, h, cix, out, L)", "    bad = 0"]
+    body = [f"l0 = min(t * {TW}, L - {TW})",
+            f"bad += tile_{name}(u, f, cix, L, l0, h, out, L, l0, t * {TW} - l0, {TW})"]
+    return (tile_fn + small + _variants(name, "u, f, h, cix, out, L", f"for t in range((L + {TW - 1}) // {TW}):",
+                                        pre, body, "bad"),
+            len(pr.lines), pr.hoisted)
 
 
 def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, stores: list, zeros=()) -> tuple:

@@ -149,10 +149,40 @@ def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
         l0 = ch * CHUNK
         m = min(C, l0 + CHUNK) - l0
         R = np.empty((nreg, CHUNK), dtype=np.float64)
-        for z in range(zslots.shape[0]):
+        # Tiled stores: lane j of this chunk lands at pos[j] + slot*W; the
+        # divisions by W are done once per chunk here, not once per store
+        # instruction and lane (a runtime divide costs tens of cycles).
+        pos = np.empty(CHUNK, dtype=np.int64)
+        if W > 0:
             for j in range(m):
                 l = l0 + j
-                out[((l // W) * P + zslots[z]) * W + l % W] = 0.0
+                pos[j] = (l // W) * P * W + l % W
+        # Slots no band reaches: per tile, a run of consecutive zero slots
+        # is one contiguous block of run × W values (a memset, not one
+        # indexed store per slot and lane: LU fill-in can be most slots).
+        nz = zslots.shape[0]
+        if nz > 0 and W > 0:
+            for tt in range(l0 // W, (l0 + m - 1) // W + 1):
+                a0 = max(l0, tt * W) - tt * W
+                a1 = min(l0 + m, (tt + 1) * W) - tt * W
+                base = tt * P * W
+                z = 0
+                while z < nz:
+                    s0 = zslots[z]
+                    s1 = s0 + 1
+                    z += 1
+                    while z < nz and zslots[z] == s1:
+                        s1 += 1
+                        z += 1
+                    if a0 == 0 and a1 == W:
+                        for k in range(base + s0 * W, base + s1 * W):
+                            out[k] = 0.0
+                    else:
+                        for s in range(s0, s1):
+                            for k in range(base + s * W + a0, base + s * W + a1):
+                                out[k] = 0.0
+        # whole tiles in this chunk: stores go tile by tile, W contiguous lanes
+        whole = W > 0 and l0 % W == 0 and m % W == 0
         for i in range(code.shape[0]):
             o = code[i, 0]
             d = code[i, 1]
@@ -187,10 +217,16 @@ def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
                 if W == 0:
                     for j in range(m):
                         out[a * L + l0 + j] = R[d, j]
+                elif whole:
+                    for tt in range(m // W):
+                        ob = ((l0 // W + tt) * P + a) * W
+                        jb = tt * W
+                        for k in range(W):
+                            out[ob + k] = R[d, jb + k]
                 else:
+                    aw = a * W
                     for j in range(m):
-                        l = l0 + j
-                        out[((l // W) * P + a) * W + l % W] = R[d, j]
+                        out[pos[j] + aw] = R[d, j]
             elif o == 8:
                 h[a] = R[d, 0]
             elif o == 9:
