@@ -84,9 +84,8 @@ class Kernel:
         if self.engine == "tape":
             pro, body = self.tapes
             run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-            run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
-                     0, 0, lanes, _NO_SLOTS)
-            return None
+            return run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
+                            0, 0, lanes, _NO_SLOTS)      # the tape counts the non-finite values it stores
         mod = self.module()
         mod.prologue(p, float(t), h)
         pre = "s" if serial else ""
@@ -126,15 +125,16 @@ class FusedTape:
     zero_slots: np.ndarray
 
     def run(self, u, p, t, forcing, out, h, cix, lanes: int, tile: int, slots_per_lane: int,
-            capacity: int) -> None:
-        """Evaluate straight into ``out``'s tile slots (arguments checked by the caller)."""
-        _recovering(self._run_once, out, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane,
-                    capacity)
+            capacity: int) -> int:
+        """Evaluate straight into ``out``'s tile slots (arguments checked by
+        the caller); the number of non-finite values stored."""
+        return _recovering(self._run_once, out, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane,
+                           capacity)
 
-    def _run_once(self, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity) -> None:
+    def _run_once(self, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity) -> int:
         pro, body = self.prologue, self.body
         run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-        run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
+        return run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
                  tile, slots_per_lane, capacity, self.zero_slots)
 
 

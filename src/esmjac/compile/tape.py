@@ -143,9 +143,15 @@ def _row(op, args, d, srcs, consts, cpos) -> tuple:
 
 @nb.njit(parallel=True, cache=True, nogil=True, error_model="numpy")
 def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
-    """Execute ``code`` for lanes ``0..C-1`` (see module docstring)."""
+    """Execute ``code`` for lanes ``0..C-1`` (see module docstring); the
+    number of non-finite values stored into ``out`` (counted while they are
+    in registers, ``x - x`` is NaN for inf and NaN: the caller needs no
+    second pass over ``out``, which with LU fill-in can be most of a call's
+    memory traffic)."""
     nch = (C + CHUNK - 1) // CHUNK
+    bad = np.zeros(nch, dtype=np.int64)          # per work item (no parfor reduction)
     for ch in nb.prange(nch):
+        nbad = 0
         l0 = ch * CHUNK
         m = min(C, l0 + CHUNK) - l0
         R = np.empty((nreg, CHUNK), dtype=np.float64)
@@ -174,13 +180,16 @@ def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
                     while z < nz and zslots[z] == s1:
                         s1 += 1
                         z += 1
+                    # unsigned offsets: no wraparound select per store (vector stores)
                     if a0 == 0 and a1 == W:
-                        for k in range(base + s0 * W, base + s1 * W):
-                            out[k] = 0.0
+                        zb = nb.uint64(base + s0 * W)
+                        for k in range((s1 - s0) * W):
+                            out[zb + nb.uint64(k)] = 0.0
                     else:
                         for s in range(s0, s1):
-                            for k in range(base + s * W + a0, base + s * W + a1):
-                                out[k] = 0.0
+                            zb = nb.uint64(base + s * W + a0)
+                            for k in range(a1 - a0):
+                                out[zb + nb.uint64(k)] = 0.0
         # whole tiles in this chunk: stores go tile by tile, W contiguous lanes
         whole = W > 0 and l0 % W == 0 and m % W == 0
         for i in range(code.shape[0]):
@@ -219,14 +228,18 @@ def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
                         out[a * L + l0 + j] = R[d, j]
                 elif whole:
                     for tt in range(m // W):
-                        ob = ((l0 // W + tt) * P + a) * W
+                        ob = nb.uint64(((l0 // W + tt) * P + a) * W)
                         jb = tt * W
                         for k in range(W):
-                            out[ob + k] = R[d, jb + k]
+                            out[ob + nb.uint64(k)] = R[d, jb + k]
                 else:
                     aw = a * W
                     for j in range(m):
                         out[pos[j] + aw] = R[d, j]
+                for j in range(m):
+                    x = R[d, j]
+                    if x - x != 0.0:
+                        nbad += 1
             elif o == 8:
                 h[a] = R[d, 0]
             elif o == 9:
@@ -288,7 +301,8 @@ def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
             else:
                 for j in range(m):
                     R[d, j] = _unary(o, R[a, j])
-    return 0
+        bad[ch] = nbad
+    return bad.sum()
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")

@@ -345,7 +345,7 @@ class BoundJacobian(_Bound):
 
         def body(u, p, t, f, out):
             tape(pc, pk, u, f, p, t, h, cix, h, 1, pn, 0, 0, 1, _NO_SLOTS)
-            tape(bc, bk, u, f, p, t, h, cix, out, L, bn, W, P, C, zs)
+            return tape(bc, bk, u, f, p, t, h, cix, out, L, bn, W, P, C, zs)   # counts non-finite stores
         return body
 
     def _warm(self) -> None:
@@ -421,7 +421,7 @@ def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
 
         def run(u, p, t, f, out):
             tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-            tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, _NO_SLOTS)
+            return tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, _NO_SLOTS)
         return run
     mod = kern.module()
     pro = mod.prologue

@@ -605,9 +605,8 @@ class JacobianProgram(_Product, _Base):
         """Direct writes into ``plan``'s slots; the number of non-finite
         values stored when the kernels count them (tiles), else None."""
         if self.kernel.engine == "tape":
-            self._fused_tape(plan).run(u, p, t, f, out, ws.h, ws.cix, L, plan.tile_width(L),
-                                       int(plan.info["slots_per_lane"]), plan.capacity(L))
-            return None
+            return self._fused_tape(plan).run(u, p, t, f, out, ws.h, ws.cix, L, plan.tile_width(L),
+                                              int(plan.info["slots_per_lane"]), plan.capacity(L))
         return self._fused_kernel(plan, ws).run_fused(u, p, t, f, out, ws.h, ws.cix, L, one_thread())
 
     def _slab_of(self, ws: JacWorkspace):
