@@ -407,7 +407,7 @@ def test_a_stored_build_round_trips_through_json(tmp_path, monkeypatch, engine):
     assert raw["program"].doc is None and raw["program"].bands is None   # nor the expressions
     assert (raw["tapes"] is not None) == (engine == "tape")      # tapes are; generated source is not
     from esmjac.runtime import stored
-    b = stored._load(key, P._product_types(), opts)
+    b = stored._load(key, P._product_types(), opts, cells=raw["cells"])
     assert b.fingerprint == a.fingerprint and b.kernel.key == a.kernel.key
     assert b.kernel.engine == engine and b.bands == a.bands
     assert b.doc.to_json() == a.doc.to_json()

@@ -153,18 +153,23 @@ class TapeBounds:
         self.prologue = bool(prologue)
 
 
+def _refused(why: str) -> JacError:
+    return JacError("cache_error", f"a stored tape was refused: {why}")
+
+
 def check_tape(code, consts, nreg, bounds: TapeBounds) -> Tape:
     """A :class:`Tape` of ``code``/``consts``/``nreg`` once every
-    instruction is checked against ``bounds``; ``ValueError`` naming the
-    first violation otherwise (dtype, shape, opcode, register or operand
-    out of range). Arrays are copied into fresh read-only ones."""
+    instruction is checked against ``bounds``; otherwise the first violation
+    named (dtype, shape, opcode, register or operand
+    out of range), a ``cache_error``: a stored tape that fails is never
+    run. Arrays are copied into fresh read-only ones."""
     if not isinstance(code, np.ndarray) or code.dtype != np.int64 or code.ndim != 2 or code.shape[1] != 5:
-        raise ValueError("tape code must be an int64 array of shape (n, 5)")
+        raise _refused("tape code must be an int64 array of shape (n, 5)")
     if not isinstance(consts, np.ndarray) or consts.dtype != np.float64 or consts.ndim != 1 \
             or consts.shape[0] < 1:
-        raise ValueError("tape constants must be a non-empty float64 vector")
+        raise _refused("tape constants must be a non-empty float64 vector")
     if isinstance(nreg, bool) or not isinstance(nreg, (int, np.integer)) or not 1 <= nreg <= MAX_REGISTERS:
-        raise ValueError(f"tape register count {nreg!r} out of range")
+        raise _refused(f"tape register count {nreg!r} out of range")
     code = np.array(code, dtype=np.int64, order="C")
     consts = np.array(consts, dtype=np.float64, order="C")
     o, d, a, b, c = (code[:, k] for k in range(5))
@@ -173,11 +178,11 @@ def check_tape(code, consts, nreg, bounds: TapeBounds) -> Tape:
         bad = mask & ((x < 0) | (x >= hi))
         if bad.any():
             i = int(np.argmax(bad))
-            raise ValueError(f"tape row {i} ({OPS[o[i]]}): {what} {int(x[i])} outside [0, {hi})")
+            raise _refused(f"tape row {i} ({OPS[o[i]]}): {what} {int(x[i])} outside [0, {hi})")
 
     if ((o < 0) | (o >= len(OPS))).any():
         i = int(np.argmax((o < 0) | (o >= len(OPS))))
-        raise ValueError(f"tape row {i}: opcode {int(o[i])} is not an instruction")
+        raise _refused(f"tape row {i}: opcode {int(o[i])} is not an instruction")
     everything = np.ones(o.shape, bool)
     need(everything, d, nreg, "register")
     B = bounds
@@ -188,7 +193,7 @@ def check_tape(code, consts, nreg, bounds: TapeBounds) -> Tape:
     lane = np.isin(o, [_OPC["idx"], _OPC["lane_u"], _OPC["lane_f"], _OPC["store"]])
     if B.prologue and lane.any():
         i = int(np.argmax(lane))
-        raise ValueError(f"tape row {i} ({OPS[o[i]]}): a prologue reads and writes no lanes")
+        raise _refused(f"tape row {i} ({OPS[o[i]]}): a prologue reads and writes no lanes")
     need(o == _OPC["idx"], a, B.n_cix, "cell dimension")
     need(o == _OPC["lane_u"], a, B.n_states, "state")
     need(o == _OPC["lane_f"], a, B.n_forcing, "forcing field")

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 import time
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,7 @@ from . import checks as _checks
 from . import kernels as K
 from .workspace import JacWorkspace, RhsScratch, lane_cells
 from .progress import done, stage
+from ..compile.cache import document_key
 from .stored import LazyDoc, build_key, cached_build, fingerprint, heads_of
 from .bound import BoundJacobian, BoundRhs
 from .second import contract_at
@@ -176,9 +179,29 @@ class _Base:
         return _check_vec("forcing", forcing, n, dtype)
 
 
+#: The last documents loaded, by content key (compile/cache.py ``document_key``):
+#: a Jacobian and an RHS of one document load (parse and schema-validate) it
+#: once. Views are read, never changed, by the builds.
+_VIEWS: "OrderedDict[tuple, SystemView]" = OrderedDict()
+_VIEWS_LOCK = threading.Lock()
+
+
 def _view_layout(source, model, opts: dict) -> tuple:
     """The model's view (``source`` loaded, or a view given as it is) and its layout."""
-    view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
+    if isinstance(source, SystemView):
+        view = source
+    else:
+        keyed = document_key(source, "view") if opts["cache"] else None
+        memo = (keyed[0], str(model)) if keyed is not None else None
+        with _VIEWS_LOCK:
+            view = _VIEWS.get(memo) if memo is not None else None
+        if view is None:
+            view = run_deep(load_view, source, model)
+            if memo is not None:
+                with _VIEWS_LOCK:
+                    _VIEWS[memo] = view
+                    while len(_VIEWS) > 2:
+                        _VIEWS.popitem(last=False)
     return view, model_layout(view, opts["per_lane"])
 
 
