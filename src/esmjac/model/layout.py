@@ -465,7 +465,9 @@ def default_vectors(view: SystemView, lay: ModelLayout) -> tuple:
         for s in names:
             n = lay.size(s)
             v = np.asarray(pt.values[s], dtype=np.float64)
-            if v.size == n:
+            if v.size and not any(v.strides):     # one value broadcast: a fill, not a strided copy
+                out[o:o + n] = v.flat[0]
+            elif v.size == n:
                 out[o:o + n].reshape(v.shape)[...] = v
             else:       # a per-lane parameter's default is a scalar: broadcast to its cells
                 out[o:o + n] = v
