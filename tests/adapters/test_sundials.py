@@ -253,7 +253,7 @@ def test_block_preconditioner_on_lane_tiles_gives_the_untiled_bits(y0):
     assert pc.plan.tiled and pc.W is not None and pc.J.size == pc.plan.out_size(8)
     flat = _BlockPC(prob.rhs, prob.jacobian, prob.plan, LaneSparseBlocks(tile=None))
     five = _BlockPC(prob.rhs, prob.jacobian, prob.plan, LaneSparseBlocks(tile=5))
-    assert flat.W is None and five.W == 5
+    assert flat.plan.tile_width(8) == 8 and five.W == 5          # one tile of all lanes: q*L + l
     rng = np.random.default_rng(7)
     n, y = prob.n, y0 * 1.3
     J = _dense_j(prob, 0.0, y)
