@@ -18,6 +18,19 @@ cells, tolerances and initial states.
 L3 adjoint cost: ``leaf.gradient`` (state and parameters) against the
 forward ``advance`` on tropo12, 1000 cells.
 
+L4 tiles and the per-step lower bound (issue #16): the L1 grid (tropo12 ×
+``--cells``) through the leaf with the default lane tiles (LaneSparseBlocks
+``tile=16``) and with ``tile=None`` (one tile, the layout before #16): cells/s
+of each, and their CPU time against the step's lower bound, i.e. for every
+step attempt the leaf made (its active lanes and states, recorded once
+outside the timing) one Jacobian evaluation, one LU factorisation of
+``I/(hγ) − J`` (the leaf's fused assembly-and-factorisation call), the
+stages' right-hand side calls and the stages' triangular solves, each timed
+on its own with the same bound calls the leaf makes on the recorded states.
+Before timing: the two leaves' final states are bitwise equal and within the
+BDF reference's tolerance; the bound's Jacobian equals the untiled one's
+and its factor-and-solve matches a dense NumPy solve on sampled lanes.
+
 Every route's final state is checked against a tight BDF reference
 (``solve_ivp`` BDF with esmjac's exact sparse Jacobian, rtol 1e-10) on sampled
 cells before its time is reported. Timings are ``time.thread_time`` of the
@@ -237,6 +250,154 @@ def bench_adjoint(cells, reps, out):
     return out
 
 
+class _Trace:
+    """Records, per step attempt of each lane block, the leaf's active lane
+    count and the states its Jacobian call sees (outside any timing)."""
+
+    def __init__(self, steppers):
+        self.calls = []
+        for b, st in enumerate(steppers):
+            st.jac = self._wrap(b, st, st.jac)
+
+    def _wrap(self, b, st, jac):
+        def j(u, fz, cix, m, out):
+            n, nf, ncd = st.n, st.nf, st.ncd
+            self.calls.append((b, m, u[:n * m].copy(), fz[:max(nf * m, 1)].copy(),
+                               cix[:max(ncd * m, 1)].copy(), st.hs[:m].copy()))
+            return jac(u, fz, cix, m, out)
+        return j
+
+
+def _bound_calls(st, call):
+    """The bound's calls of one recorded step attempt on stepper ``st``:
+    (name, thunk) pairs in the leaf's order (rhs at the step point, Jacobian,
+    factorisation, then per stage its solve and, where the stage needs a new
+    f, its rhs)."""
+    from esmjac.integrators.lanestep import lu_tile
+    from esmjac.linalg.sparse_lu import CHUNK, factor_shifted_lanes, solve_lanes
+    _, m, y, fz, cix, hs = call
+    lu, tab = st.lu, st.tab
+    W = m if st.tile is None else st.tile
+    WA = lu_tile(m)
+    n = st.n
+    b = st.K[0]
+
+    def reset():
+        b[:n * m] = st.F0[:n * m]
+
+    out = [("rhs", lambda: st.rhs(y, fz, cix, m, st.F0)),
+           ("jac", lambda: st.jac(y, fz, cix, m, st.J)),
+           ("lu", lambda: factor_shifted_lanes(st.J, W, st.Wm, WA, hs, tab.gamma, lu.nnz, m, CHUNK,
+                                               *st.fops, st.bad))]
+    for i in range(tab.stages):
+        if i > 0 and tab.newf[i]:
+            out.append(("rhs", lambda: st.rhs(y, fz, cix, m, st.Fs)))
+        out.append(("solve", (reset, lambda: solve_lanes(st.Wm, b, lu.nnz, m, WA, CHUNK, *st.sops))))
+    return out
+
+
+def _time_bound(st_list, calls):
+    """Σ over recorded step attempts of each bound call's CPU time, by kind."""
+    tot = {"rhs": 0.0, "jac": 0.0, "lu": 0.0, "solve": 0.0}
+    for call in calls:
+        st = st_list[call[0]]
+        for name, fn in _bound_calls(st, call):
+            if isinstance(fn, tuple):
+                fn[0]()
+                fn = fn[1]
+            t0 = time.thread_time()
+            fn()
+            tot[name] += time.thread_time() - t0
+    return tot
+
+
+def _verify_bound(steppers_t, steppers_u, calls):
+    """The bound's calls compute what they claim: the tiled Jacobian equals the
+    untiled one (untiled to [slot, lane]), the fused factorisation + solve
+    matches a dense NumPy solve of (I/(hγ) − J) x = f on sampled lanes."""
+    from esmjac.layouts.types import untile
+    call = calls[len(calls) // 2]
+    st_t, st_u = steppers_t[call[0]], steppers_u[call[0]]
+    _, m, y, fz, cix, hs = call
+    lu, nnz, n = st_t.lu, st_t.lu.nnz, st_t.n
+    for st in (st_t, st_u):
+        for _, fn in _bound_calls(st, call)[:3]:
+            fn()
+    Jt = untile(st_t.J, nnz, m, st_t.tile)
+    Ju = untile(st_u.J, nnz, m, m)
+    assert np.array_equal(Jt, Ju), "tiled and untiled Jacobians differ"
+    from esmjac.integrators.lanestep import lu_tile
+    from esmjac.linalg.sparse_lu import CHUNK, solve_lanes
+    perm = st_t.perm                    # stage vectors are in the LU's (permuted) order
+    b = np.ascontiguousarray(st_t.F0[:n * m].reshape(n, m)[perm].reshape(-1))
+    solve_lanes(st_t.Wm, b, nnz, m, lu_tile(m), CHUNK, *st_t.sops)
+    rows = np.array([rc[0] for rc in lu.pattern])
+    cols = np.array([rc[1] for rc in lu.pattern])
+    for l in np.linspace(0, m - 1, min(m, 8)).round().astype(int):
+        A = np.zeros((n, n))
+        A[rows, cols] = -Jt[:, l]
+        A[np.arange(n), np.arange(n)] += 1.0 / (hs[l] * st_t.tab.gamma)
+        f = st_t.F0[:n * m].reshape(n, m)[perm, l]
+        x = np.linalg.solve(A, f)
+        got = b.reshape(n, m)[:, l]
+        assert np.allclose(got, x, rtol=1e-9, atol=1e-12 * np.abs(x).max()), (l, got, x)
+
+
+def bench_tiles_bound(cells, reps, out):
+    """L4: cells/s with and without lane tiles, and per step against its lower bound."""
+    from esmjac.adapters.native import rosenbrock
+    doc = _tropo(cells)
+    leaves = {"default tile": rosenbrock(doc, rtol=RTOL, threads=1),
+              "tile=None": rosenbrock(doc, rtol=RTOL, threads=1, tile=None)}
+    lt, lu_ = leaves["default tile"], leaves["tile=None"]
+    n, L = lt.n_species, cells
+    u, fj = _hetero_state(lt, L)
+    finals = {}
+    for name, lf in leaves.items():                 # warm up; verify
+        v = u.copy()
+        st = lf.advance(v, 0.0, DT, forcing=fj)
+        assert st.success, (name, st.message)
+        finals[name] = v
+    assert np.array_equal(finals["default tile"], finals["tile=None"]), "tiles changed the bits"
+    ref_idx = np.linspace(0, L - 1, 8).round().astype(int)
+    ref = _reference(_tropo, ref_idx, u, fj, 1, n, L)
+    err = _err(finals["default tile"].reshape(n, L)[:, ref_idx], ref, np.asarray(lt.atol))
+    assert err < 1e-2, err
+    # the recorded step attempts (one traced run of the default leaf, untimed)
+    steppers_t = lt._scratch_for(L, 1)[1]
+    steppers_u = lu_._scratch_for(L, 1)[1]
+    saved = [s.jac for s in steppers_t]
+    tr = _Trace(steppers_t)
+    v = u.copy()
+    st = lt.advance(v, 0.0, DT, forcing=fj)
+    for s, j in zip(steppers_t, saved):
+        s.jac = j
+    assert np.array_equal(v, finals["default tile"])
+    calls = tr.calls
+    _verify_bound(steppers_t, steppers_u, calls)
+    res = {k: {"cpu": [], "bound": []} for k in leaves}
+    loads = [_load()]
+    for rep in range(reps):
+        for name, lf in leaves.items():
+            v = u.copy()
+            c, _ = _cpu(lambda: lf.advance(v, 0.0, DT, forcing=fj))
+            res[name]["cpu"].append(c)
+            sts = steppers_t if name == "default tile" else steppers_u
+            res[name]["bound"].append(_time_bound(sts, calls))
+        loads.append(_load())
+    lines = {}
+    for name, r in res.items():
+        cpu = statistics.median(r["cpu"])
+        parts = {k: statistics.median(b[k] for b in r["bound"]) for k in r["bound"][0]}
+        bound = statistics.median(sum(b.values()) for b in r["bound"])
+        lines[name] = {"cpu_median": cpu, "cpu": r["cpu"], "cells_per_s": L / cpu, "bound": bound,
+                       "bound_parts": parts, "per_step_vs_bound": cpu / bound}
+    out["L4"] = {"cells": L, "tile": lt.tile, "attempts": int(st.nsteps.sum()), "step_calls": len(calls),
+                 "routes": lines, "load": loads, "err_vs_bdf": err,
+                 "speedup_tiles": lines["tile=None"]["cpu_median"] / lines["default tile"]["cpu_median"]}
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=10000)
@@ -244,7 +405,7 @@ def main(argv=None):
     ap.add_argument("--cells-300", type=int, default=16)
     ap.add_argument("--cells-adjoint", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--only", default="L1,L2,L3")
+    ap.add_argument("--only", default="L1,L2,L3,L4")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     out = {"load_start": _load(), "cpus": os.cpu_count()}
@@ -255,6 +416,16 @@ def main(argv=None):
     if "L3" in only:
         bench_adjoint(a.cells_adjoint, a.reps, out)
         print(json.dumps(out["L3"]), file=sys.stderr)
+    if "L4" in only:
+        bench_tiles_bound(a.cells, a.reps, out)
+        l4 = out["L4"]
+        for name, r in l4["routes"].items():
+            print(f"L4 {name}: {r['cells_per_s']:.0f} cells/s, {r['cpu_median']:.3f} s CPU; per step "
+                  f"{r['per_step_vs_bound']:.2f}x its lower bound ({r['bound']:.3f} s: "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in r["bound_parts"].items())
+                  + f"); load {l4['load']}", file=sys.stderr)
+        print(f"L4 tiles vs tile=None: {l4['speedup_tiles']:.2f}x cells/s "
+              f"({l4['attempts']} lane-step attempts, {l4['step_calls']} block steps)", file=sys.stderr)
     if "L2" in only:
         bench_300(a.cells_300, a.reps, out)
         print(json.dumps({k: v for k, v in out["L2"].items() if k != "routes"}), file=sys.stderr)

@@ -201,12 +201,13 @@ def test_callable_forcing_at_stage_times(leaf):
 
 
 def test_tile_width_does_not_change_a_bit(doc8):
-    # LaneSparseBlocks tiles of 16 lanes (compaction leaves partial tiles) vs one
-    # tile of the active lanes: the same arithmetic per lane, so the same bits.
+    # LaneSparseBlocks tiles of 16 lanes (the default; compaction leaves partial
+    # tiles) vs one tile of the active lanes: the same arithmetic per lane, so
+    # the same bits.
     L = 40
     doc = lift(json.loads(TROPO12.read_text()), L)
-    a = rosenbrock(doc, rtol=1e-4, threads=1)
-    b = rosenbrock(doc, rtol=1e-4, threads=1, tile=16)
+    a = rosenbrock(doc, rtol=1e-4, threads=1, tile=None)
+    b = rosenbrock(doc, rtol=1e-4, threads=1)
     assert a.tile is None and b.tile == 16
     u, fj = _grid(a, L, 3)
     va, vb = u.copy(), u.copy()
@@ -219,6 +220,33 @@ def test_tile_width_does_not_change_a_bit(doc8):
     assert np.array_equal(ga[1], gb[1])
     with pytest.raises(JacError):
         rosenbrock(doc, tile=0)
+
+
+def test_lane_blocks_and_lu_tiles_do_not_change_a_bit(monkeypatch):
+    # 600 lanes: the iteration matrix spans several CHUNK-lane LU tiles (the
+    # last one partial); lane blocks of BLOCK_LANES (here forced to 100, i.e.
+    # 7 blocks of 96 lanes, run one after the other or on two threads) vs one
+    # block; tiled default vs tile=None. Oracle: the untiled single-block
+    # leaf's bits (itself checked against Radau above) and its per-lane stats.
+    from esmjac.adapters import _leaf
+    L = 600
+    doc = lift(json.loads(TROPO12.read_text()), L)
+    ref = rosenbrock(doc, rtol=1e-4, threads=1, tile=None)
+    u, fj = _grid(ref, L, 5)
+    v0 = u.copy()
+    s0 = ref.advance(v0, 0.0, DT, forcing=fj)
+    assert s0.success and np.any(v0 != u)
+    n0 = s0.nsteps.copy()
+    tiled = rosenbrock(doc, rtol=1e-4, threads=1)
+    for blocks, threads in ((_leaf.BLOCK_LANES, 1), (100, 1), (100, 2)):
+        monkeypatch.setattr(_leaf, "BLOCK_LANES", blocks)
+        for leaf in (tiled, ref):
+            leaf._scratch.clear()
+            leaf.threads = threads
+            v = u.copy()
+            st = leaf.advance(v, 0.0, DT, forcing=fj)
+            assert np.array_equal(v, v0), (blocks, threads, leaf.tile)
+            assert np.array_equal(st.nsteps, n0)
 
 
 def _with_explicit_t(doc):

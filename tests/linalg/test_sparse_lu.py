@@ -64,3 +64,57 @@ def test_tiled_bad_pivot_and_sizes():
         lu.factor(np.ones(lu.nnz * 40), 40, tile=16)   # 40 lanes in tiles of 16 need 48 per slot
     with pytest.raises(JacError, match="tile"):
         lu.factor(np.ones(lu.nnz * 40), 40, tile=0)
+
+
+@pytest.mark.parametrize("L, WJ", [(3, None), (203, 16), (600, 5), (600, None)])
+def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ):
+    # factor_shifted_lanes reads J in the Jacobian's tiles (WJ) and writes
+    # I/(h_l γ) − J in the LU's own tiles (WA = CHUNK, or one tile below it);
+    # oracles: a dense NumPy solve per lane, and (bitwise) the separate
+    # assembly followed by the serial factor_lanes on untiled storage.
+    from esmjac.linalg.sparse_lu import CHUNK, factor_lanes, factor_shifted_lanes, solve_lanes
+    lu, M, b = _system(L=L, seed=7)
+    rng = np.random.default_rng(1)
+    J = -lu.pack(M)                                     # so that −J is the well-conditioned M
+    hs = rng.uniform(0.5, 50.0, L)
+    gamma = 0.5
+    W = L if WJ is None else WJ
+    Jt = _tile(J, lu.nnz, L, W)
+    WA = CHUNK if L >= CHUNK else L
+    A = np.full(tiled_size(lu.nnz, L, WA), np.nan)      # nothing may read what is not written
+    bad = np.zeros(L, np.int64)
+    factor_shifted_lanes(Jt, W, A, WA, hs, gamma, lu.nnz, L, CHUNK, *lu._factor_ops(), bad)
+    assert np.all(bad == -1)
+    x = b.reshape(-1).copy()
+    solve_lanes(A, x, lu.nnz, L, WA, CHUNK, *lu._solve_ops())
+    Md = M + np.eye(lu.n)[None] / (hs * gamma)[:, None, None]
+    ref = np.linalg.solve(Md, b.T[..., None])[..., 0].T
+    np.testing.assert_allclose(x.reshape(b.shape), ref, rtol=1e-12, atol=1e-12)
+    # separate assembly (−J, then += 1/(hγ) on the diagonal), untiled, serial
+    B = -J.copy()
+    B.reshape(lu.nnz, L)[lu.diag_slots] += 1.0 / (hs * gamma)
+    factor_lanes(B, lu.nnz, L, L, CHUNK, *lu._factor_ops(), bad)
+    y = b.reshape(-1).copy()
+    solve_lanes(B, y, lu.nnz, L, L, CHUNK, *lu._solve_ops())
+    from esmjac.layouts.types import untile
+    assert np.array_equal(untile(A, lu.nnz, L, WA), B.reshape(lu.nnz, L))   # real lanes only
+    assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("W", [5, 16])
+def test_serial_narrow_tiles_match_untiled_bitwise(W):
+    # the serial kernels the leaf runs: narrow tiles go through groups of
+    # whole tiles (one op-list pass per CHUNK lanes); same bits per lane
+    from esmjac.linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes
+    lu, M, b = _system(L=600, seed=9)
+    L = 600
+    A = lu.pack(M)
+    At = _tile(A, lu.nnz, L, W)
+    bad, badt = np.zeros(L, np.int64), np.zeros(L, np.int64)
+    factor_lanes(A, lu.nnz, L, L, CHUNK, *lu._factor_ops(), bad)
+    factor_lanes(At, lu.nnz, L, W, CHUNK, *lu._factor_ops(), badt)
+    assert np.array_equal(_tile(A, lu.nnz, L, W), At) and np.array_equal(bad, badt)
+    x, xt = b.reshape(-1).copy(), b.reshape(-1).copy()
+    solve_lanes(A, x, lu.nnz, L, L, CHUNK, *lu._solve_ops())
+    solve_lanes(At, xt, lu.nnz, L, W, CHUNK, *lu._solve_ops())
+    assert np.array_equal(x, xt)

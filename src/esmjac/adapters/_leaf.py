@@ -10,9 +10,11 @@ its own step size (:mod:`esmjac.integrators.lanestep`). One build serves any
 lane count; scratch is allocated once per lane count and reused, so a host
 model's time loop allocates nothing per call.
 
-Parallelism: lanes are split into contiguous blocks, one per worker thread,
-and each block is integrated independently (its own compaction, no barrier
-per kernel). The compiled programs run their one-thread twins inside each
+Parallelism and blocking: lanes are split into contiguous blocks of at most
+:data:`BLOCK_LANES` (so a block's working set stays in cache through a step),
+at least one per worker thread; each thread integrates its blocks one after
+the other, each block independently (its own compaction, no barrier per
+kernel). The compiled programs run their one-thread twins inside each
 block. Because every lane's arithmetic is independent of its neighbours, the
 bits do not depend on ``threads``.
 """
@@ -30,7 +32,7 @@ import numpy as np
 from ..errors import JacError
 from ..integrators.lanestep import RUNNING, STATUS, LaneStepper
 from ..integrators.rosenbrock import METHODS, perm_arrays
-from ..layouts.types import LaneSparseBlocks
+from ..layouts.types import DEFAULT_TILE, LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU
 from ..model.expr import free_names
 from ..runtime import checks
@@ -41,7 +43,7 @@ from ._leafcalls import BoundPrograms
 from ._sensitivity import Sensitivities
 
 __all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
-           "AUTO_LANES_PER_THREAD"]
+           "AUTO_LANES_PER_THREAD", "BLOCK_LANES"]
 
 #: Default absolute tolerance per species: this fraction of the species'
 #: scale (the largest magnitude of its default initial state over the
@@ -52,6 +54,14 @@ ATOL_FRACTION = 1e-6
 #: ``threads="auto"`` gives each worker thread at least this many lanes
 #: (below it a second thread costs more in start-up than it saves).
 AUTO_LANES_PER_THREAD = 1024
+
+#: Lanes per block at most: a block's whole working set (Jacobian, iteration
+#: matrix, stages, states: ≈ 1.5 kB per lane for a 15-species mechanism)
+#: stays in the core's caches through a step instead of streaming from memory
+#: once per kernel; a thread integrates its blocks one after the other, each
+#: with its own compaction. Chosen by measurement (benchmarks/leaf.py
+#: "per step"); bits do not depend on it (lanes never mix).
+BLOCK_LANES = 1024
 
 
 @dataclass
@@ -371,7 +381,7 @@ class RosenbrockLeaf:
             return sc
         unit = CHUNK if self.tile is None else int(self.tile)
         per = -(-L // nthreads)
-        per = -(-per // unit) * unit
+        per = -(-min(per, BLOCK_LANES) // unit) * unit
         blocks = [(a, min(per, L - a)) for a in range(0, L, per)]
         ncd = len(self.rhs_program.layout.cell_shape)
         cix = lane_cells(self.rhs_program.layout.cell_shape, L)
@@ -468,15 +478,17 @@ class RosenbrockLeaf:
                     self._run_one(st, args, (a, c), rest + (records,))
                 records.append((None if fz is None else np.array(fz), cix))
                 return stats
-            if len(blocks) == 1:
-                self._run_one(steppers[0], args, blocks[0], rest)
+            # worker k runs blocks k, k + nth, ... one after the other
+            work = [[(steppers[i], blocks[i]) for i in range(k, len(blocks), nth)] for k in range(nth)]
+            work = [w for w in work if w]
+            if len(work) == 1:
+                self._run_blocks(work[0], args, rest)
             else:
-                pool = self._executor(len(blocks))
-                futs = [pool.submit(st.run, *args, a, c, *rest)
-                        for st, (a, c) in zip(steppers[1:], blocks[1:])]
+                pool = self._executor(len(work))
+                futs = [pool.submit(self._run_blocks, w, args, rest, False) for w in work[1:]]
                 err = None
                 try:
-                    self._run_one(steppers[0], args, blocks[0], rest)
+                    self._run_blocks(work[0], args, rest)
                 except BaseException as exc:        # noqa: BLE001 - wait for the workers first
                     err = exc
                 for fu in futs:
@@ -492,6 +504,19 @@ class RosenbrockLeaf:
     def _run_one(stepper, args, block, rest) -> None:
         with numba_threads(1):       # one worker thread per lane block
             stepper.run(*args, block[0], block[1], *rest)
+
+    @staticmethod
+    def _run_blocks(work, args, rest, own_thread: bool = True) -> None:
+        """Integrate the lane blocks ``work`` ((stepper, (first lane, count))
+        pairs) one after the other on this thread (a pool worker already runs
+        one-thread kernels: ``own_thread=False``)."""
+        if own_thread:
+            with numba_threads(1):
+                for st, (a, c) in work:
+                    st.run(*args, a, c, *rest)
+        else:
+            for st, (a, c) in work:
+                st.run(*args, a, c, *rest)
 
     # -- standalone integration --------------------------------------------
     def initial_state(self, y0=None, lanes: int | None = None) -> np.ndarray:
@@ -696,7 +721,8 @@ class RosenbrockLeaf:
 def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, method: str = "rodas3",
                rtol: float = 1e-4, atol=None, step: str = "lane", threads="auto", compact: bool = True,
                clip_negative: bool = False, max_steps: int = 100000, max_rejects: int = 50,
-               h0=None, tile: int | None = None, options: dict | None = None, **extra) -> RosenbrockLeaf:
+               h0=None, tile: int | None = DEFAULT_TILE, options: dict | None = None,
+               **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
     ``p``: parameter overrides (dict name → value, or all values in
@@ -717,9 +743,13 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     to 0 (off by default: Rosenbrock methods conserve mass and linear
     invariants only without clipping). ``max_steps``: attempts per lane per
     call; ``max_rejects``: consecutive rejections before a lane gives up.
-    ``tile``: lane tile width of the Jacobian / LU slot storage (None, the
-    default: one tile of the active lanes; an int W: tiles of W lanes,
-    LaneSparseBlocks' ``tile``). Results are bitwise the same for any value.
+    ``tile``: lane tile width of the Jacobian's slot storage (LaneSparseBlocks'
+    ``tile``; default :data:`~esmjac.layouts.types.DEFAULT_TILE`, 16; None:
+    one tile of the active lanes). The iteration matrix ``I/(hγ) − J`` is
+    written, in the same pass that assembles it, in the factorization's own
+    ``CHUNK``-lane tiles (:func:`esmjac.integrators.lanestep.lu_tile`).
+    Results are bitwise the same for any value; the default measured fastest
+    (benchmarks/leaf.py "L4").
     """
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")

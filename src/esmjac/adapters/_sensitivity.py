@@ -296,7 +296,8 @@ class Sensitivities:
             sc = {"ws": self.jac.new_workspace(m), "Jp": np.zeros(self.plan.out_size(m)),
                   "K": np.zeros((S, n * m)), "Ys": np.zeros((S, n * m)), "F": np.zeros(n * m),
                   "Fs": np.zeros(n * m), "J": np.zeros(self.plan.out_size(m)), "W": np.zeros(self.plan.out_size(m)),
-                  "D": np.zeros(max(self.sec.nf * m, 1)), "bad": np.zeros(m, np.int64)}
+                  "D": np.zeros(max(self.sec.nf * m, 1)), "bad": np.zeros(m, np.int64),
+                  "ch": np.zeros(S * m)}
             if self.jp is not None:
                 sc["wsp"] = self.jp.new_workspace(m)
                 sc["Pp"] = np.zeros(self.plan_p.out_size(m))
@@ -332,7 +333,7 @@ class Sensitivities:
                 else:
                     Ys[i, :n * m] = Ys[i - 1, :n * m]
             ci, cv = LS._nz(tab.c[i])
-            LS._stage_rhs(Fi, K, i, ci, cv, hs, 0.0, sc["F"], leaf._perm, m)
+            LS._stage_rhs(Fi, K, i, ci, cv, hs, 0.0, sc["F"], leaf._perm, m, sc["ch"])
             solve_lanes(sc["W"], K[i], lu.nnz, m, m, CHUNK, *lu._solve_ops())
         if not second:
             return
@@ -409,7 +410,7 @@ class Sensitivities:
         npt = len(self._ad["pts"])
         sc = {"K": np.zeros((S, n * C)), "Ys": np.zeros((S, n * C)), "F": np.zeros(n * C),
               "Fs": np.zeros(n * C), "JP": np.zeros((npt, nnz * C)), "W": np.zeros(nnz * C),
-              "D": np.zeros(max(self.sec.nf * C, 1)), "bad": np.zeros(C, np.int64),
+              "D": np.zeros(max(self.sec.nf * C, 1)), "bad": np.zeros(C, np.int64), "ch": np.zeros(S * C),
               "U": np.zeros((S, n * C)), "UND": np.zeros((npt, n * C)), "acc": np.zeros((S, n * C)),
               "g": np.zeros(n * C), "lamP": np.zeros(n * C), "lamN": np.zeros(n * C),
               "y": np.zeros(n * C), "h": np.zeros(C), "P": np.zeros(max(self._ad["pa"].size * C, 1))}
@@ -489,7 +490,7 @@ class Sensitivities:
                         Fi = Fs
                     else:
                         Ys[i, :N] = Ys[i - 1, :N]
-                LS._stage_rhs(Fi, K, i, *ad["c_nz"][i], h, 0.0, F, perm, m)
+                LS._stage_rhs(Fi, K, i, *ad["c_nz"][i], h, 0.0, F, perm, m, sc["ch"])
                 solve_lanes(Wm, K[i], nnz, m, m, CHUNK, *sops)
             for k, pt in enumerate(ad["pts"][1:], 1):
                 b.jac(Ys[pt], fz, cix, m, JP[k])

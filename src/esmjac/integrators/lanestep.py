@@ -30,7 +30,12 @@ The engine is model-agnostic: it calls ``rhs(u, forcing, cix, m, out)`` and
 ``jac(u, forcing, cix, m, out)`` on the first ``m`` compact lanes (the
 native adapter binds the compiled programs to these), with ``jac`` writing
 the factorization's LaneSparseBlocks slots in lane tiles of ``tile`` (None:
-one tile of ``m`` lanes).
+one tile of ``m`` lanes). Nothing converts that storage on the step path:
+the one pass a Rosenbrock step makes over ``J`` anyway, ``I/(h_l γ) − J``,
+is fused into the factorization (:func:`~esmjac.linalg.sparse_lu.factor_shifted_lanes`)
+and writes the iteration matrix in the factorization's own lane tiles
+(:func:`lu_tile`: ``CHUNK`` lanes, so each elimination and solve op is one
+long unit-stride loop while the Jacobian keeps its short SIMD tiles).
 """
 from __future__ import annotations
 
@@ -40,9 +45,9 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from ..linalg.sparse_lu import CHUNK, SparseLaneLU, factor_lanes, solve_lanes, tiled_size
+from ..linalg.sparse_lu import CHUNK, SparseLaneLU, factor_shifted_lanes, solve_lanes, tiled_size
 
-__all__ = ["STATUS", "LaneStepper", "RUNNING"]
+__all__ = ["STATUS", "LaneStepper", "RUNNING", "lu_tile"]
 
 #: Per-lane status codes (``stats.status``) and their meaning.
 STATUS = {
@@ -102,6 +107,13 @@ def _shared_min(x, m):
         x[l] = v
 
 
+def lu_tile(m: int) -> int:
+    """Lane tile of the iteration matrix's storage at ``m`` active lanes:
+    ``CHUNK`` (one work item of the LU per tile), or one tile of ``m`` lanes
+    when fewer (no padding to a whole chunk)."""
+    return CHUNK if m >= CHUNK else max(int(m), 1)
+
+
 @numba.njit(**_JIT)
 def _assemble_w(J, Wm, diag_slots, hs, gamma, m, W, nnz):
     """Wm = I/(h_l γ) − J in (tiled) slot storage, per lane h_l."""
@@ -116,20 +128,30 @@ def _assemble_w(J, Wm, diag_slots, hs, gamma, m, W, nnz):
 
 
 @numba.njit(**_JIT)
-def _stage_rhs(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m):
-    """K[i] (permuted) = F + Σ_p (cval_p/h_l) K[cidx_p] + gdt·h_l·dfdt, left to right."""
+def _stage_rhs(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch):
+    """K[i] (permuted) = F + Σ_p (cval_p/h_l) K[cidx_p] + gdt·h_l·dfdt, left to right.
+
+    ``ch`` is scratch (at least ``len(cidx) × m``): the factors ``cval_p/h_l``
+    are computed once per lane here, not once per species (the same
+    division, so the same bits)."""
     n = perm.shape[0]
+    P = cidx.shape[0]
+    for p in range(P):
+        c = ch[p * m:(p + 1) * m]
+        cv = cval[p]
+        for l in range(m):
+            c[l] = cv / hs[l]
     for k in range(n):
         ki = K[i, k * m:(k + 1) * m]
         so = perm[k] * m
         fs = F[so:so + m]
         for l in range(m):
             ki[l] = fs[l]
-        for p in range(cidx.shape[0]):
+        for p in range(P):
             kj = K[cidx[p], k * m:(k + 1) * m]
-            cv = cval[p]
+            c = ch[p * m:(p + 1) * m]
             for l in range(m):
-                ki[l] += (cv / hs[l]) * kj[l]
+                ki[l] += c[l] * kj[l]
         if gdt != 0.0:
             ds = dfdt[so:so + m]
             for l in range(m):
@@ -154,10 +176,14 @@ def _combine(Y, K, idx, val, perm, m, out):
 
 
 @numba.njit(**_JIT)
-def _err_lanes(Y, Ynew, K, idx, val, atol, rtol, iperm, m, err):
+def _err_lanes(Y, Ynew, K, idx, val, atol, rtol, iperm, m, err, eb):
     """err[l] = RMS_s(e_s / (atol_s + rtol·max(|y_s|, |ynew_s|))), e = Σ val K[idx];
-    species summed in natural order; non-finite → inf."""
+    species summed in natural order; non-finite → inf. ``eb``: scratch of
+    ``m`` values (one species' e at a time, so every loop runs over lanes
+    with unit stride; each lane's operations and their order are those of
+    the scalar formula)."""
     n = iperm.shape[0]
+    e = eb[:m]
     for l in range(m):
         err[l] = 0.0
     for s in range(n):
@@ -166,10 +192,14 @@ def _err_lanes(Y, Ynew, K, idx, val, atol, rtol, iperm, m, err):
         yn = Ynew[s * m:(s + 1) * m]
         a = atol[s]
         for l in range(m):
-            e = 0.0
-            for p in range(idx.shape[0]):
-                e += val[p] * K[idx[p], ko + l]
-            r = e / (a + rtol * max(abs(y[l]), abs(yn[l])))
+            e[l] = 0.0
+        for p in range(idx.shape[0]):
+            kp = K[idx[p], ko:ko + m]
+            v = val[p]
+            for l in range(m):
+                e[l] += v * kp[l]
+        for l in range(m):
+            r = e[l] / (a + rtol * max(abs(y[l]), abs(yn[l])))
             err[l] += r * r
     for l in range(m):
         v = math.sqrt(err[l] / n)
@@ -241,14 +271,17 @@ def _fd_times(t, m, out):
 @numba.njit(**_JIT)
 def _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl, rm, crej, nonfin,
              done, idx, elo, max_steps, max_rejects, clip, nfev_step,
-             st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_h, st_t):
+             st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_h, st_t, acc):
     """Per-lane accept/reject after one attempt; returns how many lanes finished.
 
     Accepted lanes take Ynew (optionally clipped at 0) and advance; rejected
     lanes shrink h. A lane is *done* when it reaches tend (status 0) or fails
-    (status > 0, state left at its last accepted point)."""
+    (status > 0, state left at its last accepted point). ``acc`` (scratch,
+    ``m`` flags) marks the accepted lanes; their states are copied after the
+    per-lane decisions, species by species over lanes (unit stride)."""
     ndone = 0
     for l in range(m):
+        acc[l] = 0
         if done[l] != 0:
             continue
         g = idx[l]
@@ -276,11 +309,7 @@ def _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl,
             fin = False
         if not sing and e <= 1.0:
             st_acc[g] += 1
-            for s in range(n):
-                v = Ynew[s * m + l]
-                if clip and v < 0.0:
-                    v = 0.0
-                Y[s * m + l] = v
+            acc[l] = 1
             t[l] = tend if last[l] != 0 else t[l] + hl
             hnew = min(hnew, span)
             if rl[l] != 0:
@@ -314,6 +343,15 @@ def _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl,
             st_status[g] = code
             done[l] = 1
             ndone += 1
+    for s in range(n):
+        y = Y[s * m:(s + 1) * m]
+        yn = Ynew[s * m:(s + 1) * m]
+        for l in range(m):
+            if acc[l] != 0:
+                v = yn[l]
+                if clip and v < 0.0:
+                    v = 0.0
+                y[l] = v
     return ndone
 
 
@@ -396,17 +434,20 @@ class LaneStepper:
         self.K = np.zeros((S, n * C))
         W = C if tile is None else tile
         self.J = np.zeros(tiled_size(lu.nnz, C, W))
-        self.Wm = np.zeros_like(self.J)
+        self.Wm = np.zeros(tiled_size(lu.nnz, C, lu_tile(C)))
         self.FZ = np.zeros(max(self.nf * C, 1))
         self.cix = np.zeros(max(self.ncd * C, 1), dtype=i64)
         self.idx = np.empty(C, dtype=i64)
         self.t, self.h, self.hs = np.empty(C, f64), np.empty(C, f64), np.empty(C, f64)
         self.tst = np.empty(C, f64)
         self.err = np.empty(C, f64)
+        self.eb = np.empty(C, f64)                  # _err_lanes' one-species scratch
+        self.ch = np.empty(S * C, f64)              # _stage_rhs' c/h factors
         self.bad = np.empty(C, i64)
         self.last, self.rl, self.rm = np.empty(C, i8), np.empty(C, i8), np.empty(C, i8)
         self.crej = np.empty(C, i64)
         self.nonfin, self.done = np.empty(C, i8), np.empty(C, i8)
+        self.acc = np.empty(C, i8)                  # _control's accepted-lane flags
         self.a_nz = [_nz(tab.a[i]) for i in range(S)]
         self.c_nz = [_nz(tab.c[i]) for i in range(S)]
         self.m_nz, self.e_nz = _nz(tab.m), _nz(tab.e)
@@ -478,8 +519,9 @@ class LaneStepper:
             else:
                 self.rhs(Y, self.FZ, self.cix, m, F0)
             self.jac(Y, self.FZ, self.cix, m, self.J)
-            _assemble_w(self.J, self.Wm, lu.diag_slots, hs, gamma, m, W, lu.nnz)
-            factor_lanes(self.Wm, lu.nnz, m, W, CHUNK, *self.fops, self.bad)
+            WA = lu_tile(m)
+            factor_shifted_lanes(self.J, W, self.Wm, WA, hs, gamma, lu.nnz, m, CHUNK, *self.fops,
+                                 self.bad)
             if self.shared:
                 _shared_bad(self.bad, m)
             for i in range(S):
@@ -497,10 +539,10 @@ class LaneStepper:
                     # else: the same argument as the previous stage, same f.
                 ci, cv = self.c_nz[i]
                 _stage_rhs(Fi, K, i, ci, cv, hs, tab.gsum[i] if nonauto else 0.0, self.dfdt,
-                           self.perm, m)
-                solve_lanes(self.Wm, K[i], lu.nnz, m, W, CHUNK, *self.sops)
+                           self.perm, m, self.ch)
+                solve_lanes(self.Wm, K[i], lu.nnz, m, WA, CHUNK, *self.sops)
             _combine(Y, K, self.m_nz[0], self.m_nz[1], self.perm, m, Ynew)
-            _err_lanes(Y, Ynew, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, m, self.err)
+            _err_lanes(Y, Ynew, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, m, self.err, self.eb)
             if self.shared:
                 _shared_max(self.err, m)
             if record is not None:
@@ -510,7 +552,7 @@ class LaneStepper:
             ndone = _control(Y, Ynew, n, m, self.err, self.bad, self.J, lu.nnz, W, hs, self.last, t, h, tend, span,
                              self.rl, self.rm, self.crej, self.nonfin, self.done, idx, tab.elo,
                              max_steps, max_rejects, clip, nfev_step, st.status, st.nsteps,
-                             st.naccept, st.nreject, st.nfev, st.njev, st.h, st.t)
+                             st.naccept, st.nreject, st.nfev, st.njev, st.h, st.t, self.acc)
             if ndone == 0:
                 continue
             if not self.compact:

@@ -43,7 +43,8 @@ import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads", "factor_lanes", "solve_lanes",
+__all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads", "factor_lanes", "factor_shifted_lanes",
+           "solve_lanes",
            "solve_transpose_lanes", "tiled_size"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
@@ -213,10 +214,131 @@ def _n_items(L, W, chunk):
     return ((L + W - 1) // W) * ((W + chunk - 1) // chunk)
 
 
+# Narrow tiles (W < chunk): a work item is a group of ``chunk // W`` whole
+# tiles and every op runs over all of them (one op-list decode, then one
+# unit-stride loop of W lanes per tile), so the op lists are read once per
+# ``chunk`` lanes, not once per tile, while each tile's slots stay
+# contiguous. Each lane still sees exactly the op sequence of
+# :func:`_factor_block` (bits identical for any W).
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _factor_group(A, nnz, L, W, t0, t1, piv_slot, mul_ptr, mul_slot, upd_ptr,
+                  upd_tgt, upd_src, bad):
+    """Factor the lanes of tiles ``t0 .. t1-1`` (of ``W`` lanes; the last tile
+    of the grid may hold fewer than ``W`` real lanes) in place."""
+    n = piv_slot.shape[0]
+    TS = nnz * W
+    for k in range(n):
+        po = piv_slot[k] * W
+        for p in range(mul_ptr[k], mul_ptr[k + 1]):
+            mo = mul_slot[p] * W
+            for t in range(t0, t1):
+                b = t * TS
+                m = min(W, L - t * W)
+                am = A[b + mo:b + mo + m]
+                ap = A[b + po:b + po + m]
+                for l in range(m):
+                    am[l] = am[l] / ap[l]
+            for u in range(upd_ptr[p], upd_ptr[p + 1]):
+                to = upd_tgt[u] * W
+                so = upd_src[u] * W
+                for t in range(t0, t1):
+                    b = t * TS
+                    m = min(W, L - t * W)
+                    at = A[b + to:b + to + m]
+                    am = A[b + mo:b + mo + m]
+                    as_ = A[b + so:b + so + m]
+                    for l in range(m):
+                        at[l] -= am[l] * as_[l]
+    for t in range(t0, t1):
+        b = t * TS
+        m = min(W, L - t * W)
+        bl = bad[t * W:t * W + m]
+        for l in range(m):
+            bl[l] = -1
+        for k in range(n - 1, -1, -1):
+            ap = A[b + piv_slot[k] * W:b + piv_slot[k] * W + m]
+            for l in range(m):
+                v = ap[l]
+                if v == 0.0 or v != v:
+                    bl[l] = k
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _solve_group(A, b, nnz, L, W, t0, t1, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                 bwd_ptr, bwd_slot, bwd_col):
+    """Solve ``LU x = b`` for the lanes of tiles ``t0 .. t1-1``; ``b[i*L + l]``."""
+    n = piv_slot.shape[0]
+    TS = nnz * W
+    for i in range(n):
+        for p in range(fwd_ptr[i], fwd_ptr[i + 1]):
+            so = fwd_slot[p] * W
+            jc = fwd_col[p] * L
+            for t in range(t0, t1):
+                l0 = t * W
+                m = min(W, L - l0)
+                a = A[t * TS + so:t * TS + so + m]
+                bi = b[i * L + l0:i * L + l0 + m]
+                bj = b[jc + l0:jc + l0 + m]
+                for l in range(m):
+                    bi[l] -= a[l] * bj[l]
+    for i in range(n - 1, -1, -1):
+        for p in range(bwd_ptr[i], bwd_ptr[i + 1]):
+            so = bwd_slot[p] * W
+            jc = bwd_col[p] * L
+            for t in range(t0, t1):
+                l0 = t * W
+                m = min(W, L - l0)
+                a = A[t * TS + so:t * TS + so + m]
+                bi = b[i * L + l0:i * L + l0 + m]
+                bj = b[jc + l0:jc + l0 + m]
+                for l in range(m):
+                    bi[l] -= a[l] * bj[l]
+        do = piv_slot[i] * W
+        for t in range(t0, t1):
+            l0 = t * W
+            m = min(W, L - l0)
+            d = A[t * TS + do:t * TS + do + m]
+            bi = b[i * L + l0:i * L + l0 + m]
+            for l in range(m):
+                bi[l] = bi[l] / d[l]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _shift_into(J, WJ, A, WA, hs, gamma, diag_slots, nnz, l0, m):
+    """``A = I/(h_l γ) − J`` for lanes ``l0 .. l0+m-1`` (inside one tile of
+    ``A``); ``J`` in tiles of ``WJ`` lanes, ``A`` in tiles of ``WA``."""
+    ab = (l0 // WA) * nnz * WA + l0 % WA
+    l = l0
+    while l < l0 + m:                       # runs of lanes inside one tile of J
+        r = min(WJ - l % WJ, l0 + m - l)
+        jb = (l // WJ) * nnz * WJ + l % WJ
+        ao = ab + (l - l0)
+        for q in range(nnz):
+            a = A[ao + q * WA:ao + q * WA + r]
+            j = J[jb + q * WJ:jb + q * WJ + r]
+            for i in range(r):
+                a[i] = -j[i]
+        l += r
+    h = hs[l0:l0 + m]
+    for k in range(diag_slots.shape[0]):
+        o = ab + diag_slots[k] * WA
+        a = A[o:o + m]
+        for i in range(m):
+            a[i] += 1.0 / (h[i] * gamma)
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def factor_lanes(A, nnz, L, W, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src, bad):
     """Serial factorisation of lanes ``0 .. L-1`` (for callers that own a
     thread); ``A`` may be longer than ``nnz*L`` (a reused buffer)."""
+    if W < chunk:
+        g = max(chunk // W, 1)
+        nt = (L + W - 1) // W
+        for t0 in range(0, nt, g):
+            _factor_group(A, nnz, L, W, t0, min(nt, t0 + g), piv_slot, mul_ptr, mul_slot,
+                          upd_ptr, upd_tgt, upd_src, bad)
+        return
     for c in range(_n_items(L, W, chunk)):
         l0, m = _block_of(c, L, W, chunk)
         if m > 0:
@@ -225,8 +347,40 @@ def factor_lanes(A, nnz, L, W, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr, upd_
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
+def factor_shifted_lanes(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_ptr, mul_slot,
+                         upd_ptr, upd_tgt, upd_src, bad):
+    """Serial ``A = LU(I/(h_l γ) − J)`` of lanes ``0 .. L-1`` with per-lane
+    step sizes ``hs`` (a Rosenbrock iteration matrix; ``J`` is unchanged).
+
+    The matrix is assembled work item by work item, right before that item
+    is factored (its slots are in cache), not in a separate pass over the
+    grid: the copy ``−J`` a Rosenbrock step makes anyway is where the
+    storage changes from the Jacobian's lane tiles (``WJ``; LaneSparseBlocks'
+    ``tile``, short so the Jacobian kernel's loop vectorizes) to the
+    factorization's (``WA``; at least ``chunk`` wide so every op of the
+    elimination and of :func:`solve_lanes` is one long unit-stride loop — an
+    op over 16 lanes costs about as much in loop set-up as in arithmetic,
+    measured). Bits equal a separate assembly (``−J``, then ``+= 1/(h_l γ)``
+    on the diagonal) followed by :func:`factor_lanes`: each lane sees the
+    same operations in the same order."""
+    for c in range(_n_items(L, WA, chunk)):
+        l0, m = _block_of(c, L, WA, chunk)
+        if m > 0:
+            _shift_into(J, WJ, A, WA, hs, gamma, piv_slot, nnz, l0, m)
+            _factor_block(A, nnz, WA, l0, m, piv_slot, mul_ptr, mul_slot, upd_ptr,
+                          upd_tgt, upd_src, bad)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def solve_lanes(A, b, nnz, L, W, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col, bwd_ptr, bwd_slot, bwd_col):
     """Serial triangular solves of lanes ``0 .. L-1``; ``b[i*L + l]``."""
+    if W < chunk:
+        g = max(chunk // W, 1)
+        nt = (L + W - 1) // W
+        for t0 in range(0, nt, g):
+            _solve_group(A, b, nnz, L, W, t0, min(nt, t0 + g), piv_slot, fwd_ptr, fwd_slot,
+                         fwd_col, bwd_ptr, bwd_slot, bwd_col)
+        return
     for c in range(_n_items(L, W, chunk)):
         l0, m = _block_of(c, L, W, chunk)
         if m > 0:
@@ -238,6 +392,13 @@ def solve_lanes(A, b, nnz, L, W, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col, bw
 def _factor_kernel(A, L, W, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr,
                    upd_tgt, upd_src, bad):
     nnz = A.shape[0] // (((L + W - 1) // W) * W)
+    if W < chunk:                       # groups of whole narrow tiles (see _factor_group)
+        g = max(chunk // W, 1)
+        nt = (L + W - 1) // W
+        for c in numba.prange((nt + g - 1) // g):
+            _factor_group(A, nnz, L, W, c * g, min(nt, c * g + g), piv_slot, mul_ptr, mul_slot,
+                          upd_ptr, upd_tgt, upd_src, bad)
+        return
     for c in numba.prange(_n_items(L, W, chunk)):
         l0, m = _block_of(c, L, W, chunk)
         if m > 0:
@@ -249,6 +410,13 @@ def _factor_kernel(A, L, W, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr,
 def _solve_kernel(A, b, L, W, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col,
                   bwd_ptr, bwd_slot, bwd_col):
     nnz = A.shape[0] // (((L + W - 1) // W) * W)
+    if W < chunk:
+        g = max(chunk // W, 1)
+        nt = (L + W - 1) // W
+        for c in numba.prange((nt + g - 1) // g):
+            _solve_group(A, b, nnz, L, W, c * g, min(nt, c * g + g), piv_slot, fwd_ptr, fwd_slot,
+                         fwd_col, bwd_ptr, bwd_slot, bwd_col)
+        return
     for c in numba.prange(_n_items(L, W, chunk)):
         l0, m = _block_of(c, L, W, chunk)
         if m > 0:

@@ -336,6 +336,11 @@ def _fill(view: SystemView, expr, shape: tuple, env: dict, index_fn=None):
     if not shape:
         return ev(expr, env, index_fn)
     arrays = _Arrays(view)
+    if not is_array_expr(expr, arrays):
+        # A scalar default broadcasts: evaluated once and held as a read-only
+        # broadcast view, so a 10⁶-cell grid costs neither 10⁶ evaluations nor
+        # an array per variable (``_apply`` copies before an override writes).
+        return np.broadcast_to(np.float64(ev(expr, env, index_fn)), shape)
     arr = np.empty(shape)
     for idx in _points(shape):
         arr[tuple(i - 1 for i in idx)] = _ev_at(expr, env, idx, arrays, index_fn)
@@ -434,6 +439,8 @@ def _apply(values: dict, shapes: dict, key: tuple, val) -> None:
     """Override one parsed key (``(variable, index or None)``) in ``values``."""
     base, idx = key
     if idx is not None:
+        if not values[base].flags.writeable:       # a broadcast default: own it first
+            values[base] = values[base].copy()
         values[base][idx] = float(val)
     elif shapes[base]:
         values[base] = np.broadcast_to(np.asarray(val, dtype=float), shapes[base]).copy()
@@ -451,11 +458,21 @@ def default_vectors(view: SystemView, lay: ModelLayout) -> tuple:
         return None, None, None
 
     def flat(names):
-        # A per-lane parameter's default is a scalar: broadcast to its cells.
-        if not names:
-            return np.zeros(0)
-        return np.concatenate([np.broadcast_to(np.ravel(np.asarray(pt.values[s], dtype=np.float64)),
-                                               (lay.size(s),)) for s in names])
+        # Filled in place, one variable at a time: the values may be broadcast
+        # views (ravelling them would copy), so the peak is the vector itself.
+        out = np.empty(sum(lay.size(s) for s in names), dtype=np.float64)
+        o = 0
+        for s in names:
+            n = lay.size(s)
+            v = np.asarray(pt.values[s], dtype=np.float64)
+            if v.size and not any(v.strides):     # one value broadcast: a fill, not a strided copy
+                out[o:o + n] = v.flat[0]
+            elif v.size == n:
+                out[o:o + n].reshape(v.shape)[...] = v
+            else:       # a per-lane parameter's default is a scalar: broadcast to its cells
+                out[o:o + n] = v
+            o += n
+        return out
 
     p0 = np.array([float(pt.values[n]) for n in lay.params], dtype=np.float64)
     return readonly(flat(lay.states)), readonly(p0), readonly(flat(lay.forcing))
