@@ -328,7 +328,7 @@ class TileBench:
         self.rec["t6"] = {k: v[0] for k, v in t6.items()}
         for what, a, b, extra in (
                 ("bound eval_into", "bound eval_into", "hand jac",
-                 f"; one tile of 16 lanes computed for 1 cell; tile=None "
+                 f"; the partial tile computes its one real lane and repeats it into the padding; tile=None "
                  f"{t6['bound eval_into tile=None'][0] * 1e6:.2f} µs; unbound eval_into "
                  f"{t6['eval_into'][0] * 1e6:.2f} µs"),
                 ("bound RHS", "bound rhs", "hand rhs", f"; unbound eval_into {t6['rhs'][0] * 1e6:.2f} µs")):
@@ -350,9 +350,9 @@ class TileBench:
                 "with `u` afterwards: (15+1)·8 B read + written twice more per cell), which the bound does "
                 "not count. T6 times the bound calls (`prog.bind`, #16 item 5: the per-call path decided "
                 "once); the unbound `eval_into` (argument, alias and workspace checks, the point copy) is "
-                "printed beside. At one cell the default tile computes and stores a whole tile of 16 lanes "
-                "(padding lanes repeat the cell), so the Jacobian's 1-cell call does 16 cells' work; "
-                "`tile=None` is printed beside. Every cell chunk counts the non-finite values it stores "
+                "printed beside. At one cell the default tile is one partial tile: its one real lane is "
+                "computed (a lane loop storing the tile's slots directly) and repeated into the 15 padding "
+                "lanes the layout stores; `tile=None` (no padding) is printed beside. Every cell chunk counts the non-finite values it stores "
                 "(no second pass over the output).", ""]
         for title, head, rows in self.tables:
             out += [f"**{title}**", "", "| " + " | ".join(head) + " |",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 import warnings
+import weakref
 
 import numpy as np
 
@@ -341,3 +342,37 @@ def test_outputs_the_caller_still_holds_are_never_reused(tropo):
     d1 = J1.data.copy()
     J2 = tropo.jac(0.0, y * 1.5)
     assert not np.shares_memory(J1.data, J2.data) and np.array_equal(J1.data, d1)
+
+
+def test_a_recycled_jacobian_is_never_one_someone_still_reads(tropo):
+    """jac refills a matrix it returned before only when nothing else refers
+    to it or its values: a view of the values, SciPy's own wrapper sharing
+    them (what BDF keeps) or the matrix itself keep it out of the pool;
+    once all are dropped it is refilled, with the values of a fresh call."""
+    y = tropo.y0
+    ref = tropo.jac_csr(0.0, y * 1.25).tocsc()
+    ref.sort_indices()
+    holders = []
+    for hold in (lambda J: J, lambda J: J.data[3:9], lambda J: sp.csc_matrix(J), lambda J: J.data):
+        J = tropo.jac(0.0, y)
+        keep = J.data.copy()
+        h = hold(J)
+        w = weakref.ref(J)
+        del J
+        J2 = tropo.jac(0.0, y * 1.25)
+        assert J2 is not w()                               # the held one was not refilled
+        held = h.data if sp.issparse(h) else h
+        assert np.array_equal(held, keep[3:9] if held.size == 6 else keep)
+        np.testing.assert_array_equal(J2.data, ref.data)
+        holders.append(h)
+        del J2
+    holders.clear()
+    del h, held
+    J = tropo.jac(0.0, y)
+    w = weakref.ref(J)
+    del J
+    assert w() is not None                                 # released: kept to be refilled
+    again = [tropo.jac(0.0, y * 1.25) for _ in range(4)]   # (the pool holds at most 4)
+    assert any(J3 is w() for J3 in again)
+    for J3 in again:
+        np.testing.assert_array_equal(J3.data, ref.data)

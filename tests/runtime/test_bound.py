@@ -273,3 +273,37 @@ def test_tiled_bound_call_refuses_an_untiled_output_size():
     with pytest.raises(JacError) as e:
         run(u, p, 0.0, None, short)
     assert e.value.code == "bad_argument" and np.isnan(short).all()
+
+
+@pytest.mark.parametrize("engine", ["codegen", "tape"])
+def test_partial_tiles_give_the_bits_of_full_tiles(engine):
+    """The last, partial tile computes only its real lanes and repeats the
+    last one into the padding: at 1, 3 and 17 lanes (tiles of 16: one
+    partial tile, a full and a partial one; tiles of 5: full ones and a
+    partial one) every real lane holds exactly the bits that lane gets in a
+    full tile (the same cells among 32 lanes) and in the untiled layout, and
+    every padding lane the bits of the last real lane; float64 and float32."""
+    r, j = boxed() if engine == "codegen" else _boxed_tape()
+    rng = np.random.default_rng(5)
+    u32, p0, _ = r.defaults(32)
+    u32 = u32 * rng.uniform(0.5, 1.5, u32.size)
+    ns = len(r.layout.states)
+    for lay in (LaneSparseBlocks(), LaneSparseBlocks(tile=5)):
+        plan, flat = j.plan(lay, source=r), j.plan(LaneSparseBlocks(tile=None), source=r)
+        P = int(plan.info["slots_per_lane"])
+        for dt in (np.float64, np.float32):
+            full = np.full(plan.out_size(32), np.nan, dt)
+            j.bind(plan, j.new_workspace(32), dt)(u32.astype(dt), p0, 0.0, None, full)
+            ref = untile(full, P, 32, plan.tile_width(32))
+            for lanes in (1, 3, 17):
+                u = u32.reshape(ns, 32)[:, :lanes].ravel().astype(dt)     # the first lanes' cells
+                got = np.full(plan.out_size(lanes), np.nan, dt)
+                j.bind(plan, j.new_workspace(lanes), dt)(u, p0, 0.0, None, got)
+                W = plan.tile_width(lanes)
+                cap = plan.capacity(lanes)
+                V = untile(got, P, cap, W)                              # padding lanes included
+                assert np.array_equal(V[:, :lanes], ref[:, :lanes]), (engine, lay, dt, lanes)
+                assert all(np.array_equal(V[:, k], V[:, lanes - 1]) for k in range(lanes, cap))
+                g2 = np.full(flat.out_size(lanes), np.nan, dt)
+                j.bind(flat, j.new_workspace(lanes), dt)(u, p0, 0.0, None, g2)
+                assert np.array_equal(g2.reshape(P, lanes), ref[:, :lanes]), (engine, lay, dt, lanes)

@@ -20,6 +20,7 @@ Nothing here imports SciPy at module import time; :func:`ivp` does.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +75,9 @@ class _Calls:
     run_f: Any                 # bound RHS call
     run_csc: Any = None        # bound Jacobian into the Csc plan (BDF/Radau)
     run_csr: Any = None        # bound Jacobian into the Csr plan (LSODA, jac_data; bound on first use)
-    pool_f: list = field(default_factory=list)
-    pool_j: list = field(default_factory=list)
+    pool_f: list = field(default_factory=list)    # fun's outputs (fresh_array)
+    pool_j: list = field(default_factory=list)    # jac's (csc_matrix, values, indices, indptr) (_free_matrix)
+    pool_d: list = field(default_factory=list)    # jac_data's outputs (fresh_array)
 
 
 # ---------------------------------------------------------------------------
@@ -117,7 +119,12 @@ class IvpProblem(Problem):
 
     # -- callables -----------------------------------------------------------------
     def fun(self, t, y) -> np.ndarray:
-        """``dy/dt = f(t, y)`` (a new array: the solvers keep it)."""
+        """``dy/dt = f(t, y)``: an array that is the caller's for as long as
+        it holds it (or a view of it). The solvers keep what ``fun`` returns
+        for a while; ``fun`` writes into an array it returned before only
+        once nothing but the problem refers to it (``_common.fresh_array``),
+        which saves a fresh megabyte-scale allocation and its page faults
+        per call."""
         c = self._calls
         self.counters.nfev += 1
         out = fresh_array(c.pool_f, self.n, c.run_f)
@@ -126,9 +133,10 @@ class IvpProblem(Problem):
         return out
 
     def jac_data(self, t, y) -> np.ndarray:
-        """The Jacobian's values in CSR order of ``plan`` (a new array)."""
+        """The Jacobian's values in CSR order of ``plan`` (the caller's for
+        as long as it holds them, as ``fun``'s output)."""
         c = self._calls
-        data = np.empty(c.nnz)
+        data = fresh_array(c.pool_d, c.nnz, c.run_csr)
         if c.run_csr is None:               # BDF/Radau use the Csc plan; CSR only on request
             c.run_csr = self.jacobian.bind(self.plan, c.ws, keep_point=False)
         with_threads(self.threads, c.run_csr, np.ascontiguousarray(y, dtype=np.float64),
@@ -150,11 +158,20 @@ class IvpProblem(Problem):
             out[fm.dense_pos] = data
             return out.reshape(n, n)
         # The CSC plan writes SciPy's order directly; the (read-only) index
-        # arrays are shared by every matrix returned, the values are new.
-        data = fresh_array(c.pool_j, c.nnz, c.run_csc)
+        # arrays are shared by every matrix returned. A matrix returned
+        # before is refilled only when nobody holds it, its values or a
+        # view of them (a solver keeps its last Jacobian), and it is
+        # intact: building a csc_matrix costs 40-100 µs of SciPy's checks
+        # per call at 10⁴ cells, ~8% of the Jacobian itself.
+        m, d = _free_matrix(c.pool_j, c.run_csc, (n, n))
+        if m is None:
+            m = csc_matrix((np.empty(c.nnz), fm.csc_indices, fm.csc_indptr), shape=(n, n))
+            d = m.data
+            if len(c.pool_j) < 4:
+                c.pool_j.append((m, d, m.indices, m.indptr))
         with_threads(self.threads, c.run_csc, np.ascontiguousarray(y, dtype=np.float64),
-                     self.p, t, self.forcing, data)
-        return csc_matrix((data, fm.csc_indices, fm.csc_indptr), shape=(n, n))
+                     self.p, t, self.forcing, d)
+        return m
 
     def jac_csr(self, t, y):
         """``∂f/∂y`` at (t, y) as a ``scipy.sparse.csr_array`` (any method)."""
@@ -185,6 +202,33 @@ class IvpProblem(Problem):
         # One thread-count switch for the whole run (fun/jac then find it set).
         return with_threads(self.threads, solve_ivp, self.fun, t_span,
                             np.asarray(y0, dtype=np.float64), method=method, **opts)
+
+
+def _free_matrix(pool: list, bound, shape: tuple) -> tuple:
+    """``(matrix, values)`` of a pooled record ``(matrix, values, indices,
+    indptr)`` (as ``jac`` built it) that nobody but the pool refers to --
+    not the matrix, not its values (no view, no SciPy wrapper sharing them,
+    which is what BDF keeps), not the array under them -- and that is
+    still as built (the same arrays, writable values, the same shape), so
+    its values are safe to overwrite; ``(None, None)`` if there is none."""
+    seen = getattr(bound, "_seen", ())     # the binding keeps its last output (identity fast path)
+    last = seen[0] if seen else None
+    for rec in pool:
+        m, d, ix, ip = rec
+        # references to m: the record, this name, the argument
+        if sys.getrefcount(m) > 3:
+            continue
+        # to d: the matrix, the record, this name, the argument (+ the binding's record)
+        if sys.getrefcount(d) > (5 if d is last else 4):
+            continue
+        b = d.base                         # SciPy may keep a view of the array it was given
+        # to b: d's base, this name, the argument
+        if b is not None and (sys.getrefcount(b) > 3 or b.base is not None):
+            continue
+        if m.__dict__.get("data") is d and m.indices is ix and m.indptr is ip and d.flags.writeable \
+                and d.flags.c_contiguous and m.shape == shape:
+            return m, d
+    return None, None
 
 
 def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, banded=False,

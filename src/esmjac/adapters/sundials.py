@@ -110,17 +110,24 @@ class _BlockPC:
     blocks are diagonally weighted for the step sizes CVODE takes, and a
     zero/NaN pivot is reported to CVODE as a recoverable failure). A cell
     program's blocks are its ``LaneSparseBlocks`` (Markowitz order, fill-in
-    included, written directly by the bound Jacobian); a gridded global
-    program's are its same-point CSR entries (dense natural-order blocks)."""
+    included, written directly by the bound Jacobian in the layout's
+    default lane tiles, which the lane LU factors and solves in place: no
+    conversion per step); a gridded global program's are its same-point CSR
+    entries (dense natural-order blocks, one tile of all points).
+
+    ``layout``: the cell program's block layout (``LaneSparseBlocks()``;
+    ``LaneSparseBlocks(tile=None)`` is the lanes-fastest order, the same
+    bits)."""
 
     name = "block"
 
-    def __init__(self, r, j, plan_csr):
+    def __init__(self, r, j, plan_csr, layout=None):
         self.j = j
         self.lay = r.layout
         self.ns = ns = len(r.layout.states)
+        self.W = None                                   # the blocks' lane tile (None: one tile)
         if j.kind == "cell":
-            self.plan = j.plan(_untiled_lsb(), source=r)
+            self.plan = j.plan(LaneSparseBlocks() if layout is None else layout, source=r)
             self.N = N = int(j.cells)
             pattern = [tuple(x) for x in self.plan.info["lu_pattern"]]
             self.order = np.asarray(self.plan.info["ordering"], dtype=np.int64)
@@ -128,6 +135,8 @@ class _BlockPC:
             self.J = np.empty(self.plan.out_size(self.ws.lanes))
             self.buf = self.J
             self.sel = None
+            self.W = self.plan.tile_width(N) if self.plan.tiled else None
+            C = self.plan.capacity(N)                       # stored lanes (padding repeats the last cell)
         else:
             lay = r.layout
             shapes = {lay.shapes.get(s, ()) for s in lay.states}
@@ -152,7 +161,13 @@ class _BlockPC:
         self.lu = SparseLaneLU(ns, pattern)
         self.M = np.empty_like(self.J)
         diag = np.asarray(self.lu.diag_slots, dtype=np.int64)
-        self.diag = (diag[:, None] * N + np.arange(N)[None, :]).ravel()
+        if self.W is None:
+            self.diag = (diag[:, None] * N + np.arange(N)[None, :]).ravel()
+        else:
+            # slot q of lane l at ((l // W) * nnz + q) * W + l % W (padding lanes included)
+            lane = np.arange(C)
+            self.diag = (((lane // self.W)[None, :] * self.lu.nnz + diag[:, None]) * self.W
+                         + (lane % self.W)[None, :]).ravel()
         self.b = np.empty((ns, N))
         self.run = j.bind(self.plan, self.ws, keep_point=False)
         self.evaluated = False
@@ -175,7 +190,7 @@ class _BlockPC:
     def factor(self, gamma: float) -> None:
         np.multiply(self.J, -gamma, out=self.M)
         self.M[self.diag] += 1.0
-        bad = self.lu.factor_status(self.M, self.N)
+        bad = self.lu.factor_status(self.M, self.N, self.W)
         self.factored = bad is None
         if bad is not None:
             raise np.linalg.LinAlgError(f"zero or NaN pivot in cell {bad[0]} (elimination row {bad[1]})")
@@ -183,17 +198,8 @@ class _BlockPC:
     def solve(self, r, z) -> None:
         R = np.asarray(r).reshape(self.ns, self.N)
         np.take(R, self.order, axis=0, out=self.b)
-        self.lu.solve(self.M, self.b.reshape(-1), self.N)
+        self.lu.solve(self.M, self.b.reshape(-1), self.N, self.W)
         z.reshape(self.ns, self.N)[self.order] = self.b
-
-
-def _untiled_lsb():
-    """``LaneSparseBlocks`` with lanes fastest (``q*L + l``), the storage
-    the lane LU reads."""
-    try:
-        return LaneSparseBlocks(tile=None)
-    except TypeError:                   # a layout without tiles: lanes fastest already
-        return LaneSparseBlocks()
 
 
 class _BandedPC:

@@ -66,7 +66,8 @@ from ..model.deep import run_deep
 from ..model.expr import Node, _FDict, iter_children, node
 
 __all__ = ["cache_dir", "content_hash", "load_source", "code_version", "document_key",
-           "dependency_files", "store_product", "load_product", "numba_cache_failure",
+           "grid_free_key", "dependency_files", "store_product", "load_product", "read_product", "discard_product",
+           "StoredProduct", "numba_cache_failure",
            "purge_numba_cache"]
 
 log = logging.getLogger("esmjac.cache")
@@ -76,7 +77,7 @@ _CODE: list = []
 _LOADED: dict = {}            # (cache folder, module name) → fully executed module
 _PRIVATE: list = []           # this process's private fallback folder (created lazily)
 _WARNED: set = set()
-PRODUCT_FORMAT = 1
+PRODUCT_FORMAT = 2             # 2: programs stored as tapes/arrays apart from their expressions
 
 
 # ------------------------------------------------------------------ folders
@@ -245,11 +246,9 @@ def dependency_files(doc: Any, base: Path) -> list | None:
     return sorted(seen.items())
 
 
-def document_key(source: Any, *extra: str) -> tuple | None:
-    """(content key, dependency list) of a document given as a path, JSON
-    text or dict, or None when it cannot be keyed (a live object, a URL
-    ref). The key covers the document, every file it pulls in, ``extra``
-    and the esmjac/Numba/code versions."""
+def _document(source: Any) -> tuple | None:
+    """(bytes, JSON tree or None, base folder) of a document given as a
+    path, JSON text or dict; None when it cannot be keyed."""
     if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
         p = Path(source)
         try:
@@ -264,18 +263,58 @@ def document_key(source: Any, *extra: str) -> tuple | None:
             data = json.dumps(source, sort_keys=True, allow_nan=True).encode()
         except (TypeError, ValueError):
             return None
-        base = Path.cwd()
+        return data, source, Path.cwd()      # serializable (just dumped): walked as it is
     else:
         return None
     try:
         tree = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         tree = None                 # not JSON: the build will say why; no refs to follow
+    return data, tree, base
+
+
+def _keyed(data: bytes, tree: Any, base: Path, extra: tuple) -> tuple | None:
     deps = dependency_files(tree, base) if tree is not None else []
     if deps is None:
         return None
     parts = [_sha(data)] + [f"{p}={h}" for p, h in deps] + list(extra)
     return content_hash(*parts), deps
+
+
+def document_key(source: Any, *extra: str) -> tuple | None:
+    """(content key, dependency list) of a document given as a path, JSON
+    text or dict, or None when it cannot be keyed (a live object, a URL
+    ref). The key covers the document, every file it pulls in, ``extra``
+    and the esmjac/Numba/code versions."""
+    d = _document(source)
+    return None if d is None else _keyed(*d, extra)
+
+
+def grid_free_key(source: Any, *extra: str) -> tuple | None:
+    """(key, dependency list, index set, size) of a document with exactly
+    one index set of an integer size: the key covers everything
+    :func:`document_key` does except that size, so the same document at any
+    size has one key. None for other documents. (Whether a build of it is
+    the same at every size is the caller's to check: a cell program is.)"""
+    d = _document(source)
+    if d is None or not isinstance(d[1], dict):
+        return None
+    data, tree, base = d
+    sets = tree.get("index_sets")
+    if not isinstance(sets, dict) or len(sets) != 1:
+        return None
+    (name, spec), = sets.items()
+    size = spec.get("size") if isinstance(spec, dict) else None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return None
+    norm = dict(tree)
+    norm["index_sets"] = {name: {**spec, "size": None}}
+    try:
+        ndata = json.dumps(norm, sort_keys=True, allow_nan=True).encode()
+    except (TypeError, ValueError):
+        return None
+    k = _keyed(ndata, tree, base, ("grid-free", str(name)) + extra)
+    return None if k is None else (k[0], k[1], str(name), size)
 
 
 # ------------------------------------------------------------------ files
@@ -628,9 +667,16 @@ def store_product(key: str, obj: Any, deps: list, types: dict, skip: dict | None
     return True
 
 
-def load_product(key: str, types: dict) -> Any | None:
-    """The product stored under ``key``, or None (missing, corrupt, stale or
-    from another key: each a logged cache miss; corrupt files are removed)."""
+def _discard(key: str) -> None:
+    stem = cache_dir() / f"b{key[:40]}"
+    with _LOCK:
+        for p in (stem.with_suffix(".json"), stem.with_suffix(".npz")):
+            _remove(p, p.with_name(p.name + ".sha256"))
+
+
+def _read_entry(key: str, check_deps: bool) -> tuple | None:
+    """(parsed JSON, npz bytes) of the entry under ``key``, both verified
+    against their stored hashes, or None (a logged miss; corrupt files removed)."""
     stem = cache_dir() / f"b{key[:40]}"
     jpath, npath = stem.with_suffix(".json"), stem.with_suffix(".npz")
     data = _read_verified(jpath)
@@ -638,23 +684,90 @@ def load_product(key: str, types: dict) -> Any | None:
         return None
     try:
         doc = json.loads(data)
-        if doc.get("esmjac_product") != PRODUCT_FORMAT or doc.get("key") != key:
+        if not isinstance(doc, dict) or doc.get("esmjac_product") != PRODUCT_FORMAT or doc.get("key") != key:
             raise _Corrupt("written for another key or format")
-        for p, h in doc.get("deps", []):
-            cur = Path(p)
-            now = _sha(cur.read_bytes()) if cur.is_file() else "missing"
-            if now != h:
-                log.info("esmjac cache: %s changed since %s was stored; rebuilding", p, jpath.name)
-                return None
+        if check_deps:
+            for p, h in doc.get("deps", []):
+                cur = Path(p)
+                now = _sha(cur.read_bytes()) if cur.is_file() else "missing"
+                if now != h:
+                    log.info("esmjac cache: %s changed since %s was stored; rebuilding", p, jpath.name)
+                    return None
         npz = _read_verified(npath)
         if npz is None or _sha(npz) != doc.get("npz"):
             raise _Corrupt("array file missing or mismatched")
-        with np.load(io.BytesIO(npz), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-        return run_deep(_decode, doc, arrays, types)
-    except Exception as exc:        # any failure to decode is a miss, never a lasting error
+        return doc, npz
+    except Exception as exc:
         log.warning("esmjac cache: discarding %s (%s: %s); rebuilding", jpath, type(exc).__name__, exc)
-        with _LOCK:
-            for p in (jpath, npath):
-                _remove(p, p.with_name(p.name + ".sha256"))
+        _discard(key)
         return None
+
+
+def _decode_entry(doc: dict, npz: bytes, types: dict) -> Any:
+    with np.load(io.BytesIO(npz), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return run_deep(_decode, doc, arrays, types)
+
+
+def load_product(key: str, types: dict) -> Any | None:
+    """The product stored under ``key``, or None (missing, corrupt, stale or
+    from another key: each a logged cache miss; corrupt files are removed)."""
+    entry = _read_entry(key, check_deps=True)
+    if entry is None:
+        return None
+    try:
+        return _decode_entry(*entry, types)
+    except Exception as exc:        # any failure to decode is a miss, never a lasting error
+        log.warning("esmjac cache: discarding b%s (%s: %s); rebuilding", key[:40], type(exc).__name__, exc)
+        _discard(key)
+        return None
+
+
+class StoredProduct:
+    """A product read and verified now, decoded on first :meth:`get` (the
+    expression DAG of a cached program: calls that never need it never pay
+    for decoding it). The bytes are held in memory, so what is decoded is
+    what was verified, whatever happens to the file meanwhile."""
+
+    def __init__(self, key: str, data: bytes, npz: bytes, types: dict):
+        self._key, self._raw, self._types = key, (data, npz), types
+        self._value: list = []
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """The decoded product; ``cache_error`` (and the entry removed, so
+        the next build rebuilds it) when verified bytes do not decode."""
+        if self._value:
+            return self._value[0]
+        with self._lock:
+            if not self._value:
+                try:
+                    data, npz = self._raw
+                    doc = json.loads(data)
+                    if not isinstance(doc, dict) or doc.get("esmjac_product") != PRODUCT_FORMAT \
+                            or doc.get("key") != self._key or doc.get("npz") != _sha(npz):
+                        raise _Corrupt("written for another key or format, or its arrays mismatched")
+                    self._value.append(_decode_entry(doc, npz, self._types))
+                except Exception as exc:
+                    _discard(self._key)
+                    raise JacError("cache_error", f"the cached expression document b{self._key[:40]} in "
+                                   f"{cache_dir()} does not decode ({type(exc).__name__}: {exc}); it was "
+                                   "removed: build the program again") from exc
+                self._raw = None
+        return self._value[0]
+
+
+def read_product(key: str, types: dict) -> StoredProduct | None:
+    """The entry under ``key``, its files checked against their stored
+    hashes now, parsed and decoded on first use (:class:`StoredProduct`);
+    None when a file is missing or fails its hash (a miss). No dependency
+    check: the caller's core entry, stored with it, made that."""
+    stem = cache_dir() / f"b{key[:40]}"
+    data = _read_verified(stem.with_suffix(".json"))
+    npz = _read_verified(stem.with_suffix(".npz")) if data is not None else None
+    return None if npz is None else StoredProduct(key, data, npz, types)
+
+
+def discard_product(key: str) -> None:
+    """Remove the entry under ``key`` (a product that failed validation)."""
+    _discard(key)

@@ -12,13 +12,18 @@ derivative it is (``# ∂HO2/∂NO``).
 
 A tiled plan's chunks (``fl<chunk>``, direct writes) run over *tiles* of
 ``W`` lanes (docs/design.rst §4): per tile the lanes' inputs are copied into a small
-scratch ``S`` (clamped: padding lanes read the last real lane), the body runs
+scratch ``S``, the body runs
 as one ``for j in range(W)`` loop whose reads and writes all address ``S`` at
 literal offsets, so LLVM proves them independent and vectorizes it without
 runtime alias checks (it leaves loops of fewer than 16 known iterations
 scalar: hence the default ``W``), and the tile's slots — one contiguous run
 of ``nslots × W`` values, ``((l // W)*nslots + q)*W + l % W`` — are copied
-out. The band slab, the right-hand side and untiled plans are written
+out. The last tile, when partial (``r < W`` real lanes), computes its ``r``
+lanes only, in a lane loop that reads the state and stores the tile's slots
+directly (the same printed expressions: the same per-lane IEEE operations,
+so the same bits), then stores lane ``r-1``'s values into the padding lanes,
+which the layout defines as repeats of the last real lane: a one-cell call
+does one cell's arithmetic, not a tile's. The band slab, the right-hand side and untiled plans are written
 lanes-fastest (``out[k*L + l]``) by a plain loop over lanes: with a few flops
 per stored value the scratch copies cost more than SIMD saves (measured).
 Global chunks are a loop over box points.
@@ -590,36 +595,33 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
         stores.append(f"S[{nin + k} * {TW} + j] {op} {pr.ref(vals[0])}{_what(doc, target)}")
     nout = a1 - a0
     size = (nin + nout) * TW
-    tiled = mode == "tile"
-    copy_in, clamped = [], []
+    copy_in = []
     for (src, s), i in sec.items():
-        copy_in += [f"for j in range({TW}):", f"    S[{i} * {TW} + j] = {src}[{s} * L + l0 + j]"]
-        clamped.append(f"    S[{i} * {TW} + j] = {src}[{s} * L + min(l0 + j, L - 1)]")
+        copy_in.append((f"S[{i} * {TW} + j] = {src}[{s} * L + l0 + j]"))
     for i, d in enumerate(cdims):
-        copy_in += [f"for j in range({TW}):", f"    S[{len(reads) + i} * {TW} + j] = cix[{d} * L + l0 + j]"]
-        clamped.append(f"    S[{len(reads) + i} * {TW} + j] = cix[{d} * L + min(l0 + j, L - 1)]")
+        copy_in.append(f"S[{len(reads) + i} * {TW} + j] = cix[{d} * L + l0 + j]")
     cvals = [f"c{d} = S[{len(reads) + i} * {TW} + j]" for i, d in enumerate(cdims)]
-    # The body always runs TW lanes (a literal trip count: one vectorized
-    # loop, no remainder); lanes past L read the last lane and are copied
-    # out only where the layout stores them (padding).
+    body_j = cvals + pr.lines + stores or ["pass"]
+    copy = f"x = S[({nin} + a) * {TW} + j]"
+    # A full tile runs the body over TW lanes (a literal trip count: one
+    # vectorized loop, no remainder) in the scratch, then copies the tile out.
     tb = [
-        f"l0 = t * w",
-        f"m = w" if tiled else "m = min(w, L - l0)",
+        "l0 = t * w",
+        "bad = 0",
+        f"ob = t * {P} * w",
+        f"if l0 + {TW} <= L:",
+        *[f"    {x}" for x in ([f"for j in range({TW}):", *["    " + c for c in copy_in]] if copy_in else [])],
+        f"    for j in range({TW}):", *["        " + x for x in body_j],
+        f"    for a in range({nout}):", f"        for j in range({TW}):", f"            {copy}",
+        # Copy out, counting non-finite values while they are in cache (x - x
+        # is NaN for inf and NaN): the caller needs no second pass over out.
+        f"            out[ob + (a + {a0}) * w + j] = x",
+        "            if x - x != 0.0:", "                bad += 1",
+        "    return bad",
+        *_partial_tile(blk, taken, doc, names, a0, nout, TW, first, cdims, len(reads)),
     ]
-    if copy_in:
-        tb += [f"if l0 + {TW} <= L:", *["    " + x for x in copy_in],
-               "else:", f"    for j in range({TW}):", *["    " + x for x in clamped]]
-    tb += [f"for j in range({TW}):", *["    " + x for x in (cvals + pr.lines + stores or ["pass"])]]
-    # Copy out, counting non-finite values while they are in cache (x - x
-    # is NaN for inf and NaN): the caller needs no second pass over out.
-    tb += [f"ob = t * {P} * w", "bad = 0", f"for a in range({nout}):", "    for j in range(m):",
-           f"        x = S[({nin} + a) * {TW} + j]",
-           f"        out[ob + (a + {a0}) * w + j] = x",
-           "        if x - x != 0.0:",
-           "            bad += 1",
-           "return bad"]
     tile_fn = ["", "@nb.njit(**_JIT)", f"def tile_{name}(u, f, h, cix, out, L, w, t, S):",
-               f'    """Tile t of {name}: outputs {a0}..{a1 - 1} ({"tiled slots" if tiled else "lanes-fastest"})."""',
+               f'    """Tile t of {name}: outputs {a0}..{a1 - 1} (tiled slots)."""',
                *hv, *["    " + x for x in tb]]
     pre = [f"    w = {TW}", "    nt = (L + w - 1) // w"]
     # The scratch is the caller's (``S``: tile_scratch(...) elements of
@@ -635,6 +637,38 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
     loop = f"for it in range((nt + {_TILES_PER_ITEM - 1}) // {_TILES_PER_ITEM}):"
     return (tile_fn + _variants(name, "u, f, h, cix, out, L, S", loop, pre + ["    bad = 0"], body, "bad"),
             len(pr.lines), pr.hoisted, sz)
+
+
+def _partial_tile(blk: Block, taken: list, doc, names: _Names, a0: int, nout: int, TW: int,
+                  stored: set, cdims: list, nreads: int) -> list:
+    """The last, partial tile of a tiled chunk (``r = L - l0 < TW`` real
+    lanes): a lane loop that reads the state and stores the tile's slots
+    directly (no scratch round trip: at one cell that round trip and the
+    padding cost more than the cell's arithmetic), then every slot's padding
+    lanes get lane ``r-1``'s value (the layout's padding repeats the last
+    real lane). The same printed expressions as the full tile's body, the
+    cell indices converted through the scratch as there: the same bits."""
+    ncd = len(doc.layout.cell_shape)
+    pr = _Printer(blk, "v", lambda src, s: f"{src}[{s} * L + l]", [f"c{d}" for d in range(ncd)],
+                  _hint(doc, names))
+    pr.run([vals[0] for _, vals, _ in taken])
+    lines = []
+    for i, d in enumerate(cdims):      # int -> the scratch dtype, as the full tile converts them
+        lines += [f"S[{nreads + i} * {TW}] = cix[{d} * L + l]", f"c{d} = S[{nreads + i} * {TW}]"]
+    lines += pr.lines
+    first: set = set()
+    for (target, _), vals, i in taken:
+        k = i - a0
+        op = "+=" if k in first else "="
+        first.add(k)
+        lines.append(f"out[ob + {i * TW} + l - l0] {op} {pr.ref(vals[0])}{_what(doc, target)}")
+    lines += [f"out[ob + {(k + a0) * TW} + l - l0] = 0.0" for k in sorted(set(range(nout)) - stored)]
+    # Count the stored values (after accumulation, in the output's dtype)
+    # and repeat lane r-1 into the padding (a slice store: vectorized).
+    return ["r = L - l0", "for l in range(l0, L):", *["    " + x for x in lines or ["pass"]],
+            f"for a in range({nout}):", f"    b = ob + (a + {a0}) * {TW}",
+            "    for j in range(r):", "        x = out[b + j]", "        if x - x != 0.0:", "            bad += 1",
+            f"    out[b + r:b + {TW}] = x", "return bad"]
 
 
 def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, stores: list, zeros=()) -> tuple:

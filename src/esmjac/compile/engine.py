@@ -19,9 +19,9 @@ from ..model.deep import run_deep
 from ..model.expr import Node, iter_children
 from .cache import content_hash, load_source, recover_numba_cache
 from .codegen import generate, tape_program, tile_scratch
-from .tape import run_tape
+from .tape import retarget, run_tape
 
-__all__ = ["Kernel", "FusedTape", "compile_doc", "fused_tape", "ENGINE_OPTIONS"]
+__all__ = ["Kernel", "FusedTape", "compile_doc", "fused_tape", "tape_kernel", "tape_key", "ENGINE_OPTIONS"]
 
 _NO_SLOTS = np.zeros(0, np.int64)       # run_tape's zero-slot list when it writes no tiles
 _NO_SLOTS.setflags(write=False)
@@ -138,10 +138,18 @@ class FusedTape:
                  tile, slots_per_lane, capacity, self.zero_slots)
 
 
-def fused_tape(doc, dest_slots, zero_slots) -> FusedTape:
+def fused_tape(doc, dest_slots, zero_slots, kernel: "Kernel | None" = None) -> FusedTape:
     """The :class:`FusedTape` of ``doc`` storing field ``i`` into slot
-    ``dest_slots[i]``; ``zero_slots`` are zeroed."""
-    pro, body, _ = run_deep(tape_program, doc, [int(a) for a in dest_slots])
+    ``dest_slots[i]``; ``zero_slots`` are zeroed. With the program's tape
+    ``kernel`` and one slot per field (every lane plan but a merged one),
+    its body retargeted (:func:`tape.retarget`: the same instructions, no
+    expression document needed: a program loaded from the cache never
+    decodes it); else generated from ``doc``."""
+    body = retarget(kernel.tapes[1], dest_slots) if kernel is not None and kernel.engine == "tape" else None
+    if body is not None:
+        pro = kernel.tapes[0]
+    else:
+        pro, body, _ = run_deep(tape_program, doc, [int(a) for a in dest_slots])
     zs = np.ascontiguousarray(zero_slots, dtype=np.int64)
     zs.setflags(write=False)
     return FusedTape(pro, body, zs)
@@ -172,6 +180,18 @@ def _distinct_nodes(exprs: list) -> int:
     return len(seen)
 
 
+def tape_key(pro, body) -> str:
+    """Content hash of a tape kernel: instructions, constants and register
+    counts of both tapes (two models that differ only in a rate constant
+    get different keys)."""
+    return content_hash("tape", *pro.digest_parts(), *body.digest_parts())
+
+
+def tape_kernel(pro, body, n_hoist: int) -> Kernel:
+    """The tape-engine :class:`Kernel` of a prologue and a body tape."""
+    return Kernel("", tape_key(pro, body), (), (), int(n_hoist), len(body.code), "tape", (pro, body))
+
+
 def compile_doc(doc, opts: dict, **generate_kw) -> Kernel:
     """The kernel of ``doc`` under ``opts`` (keys of :data:`ENGINE_OPTIONS`);
     ``generate_kw`` (``title``, ``dest``, ``zeros``, ``tile``, ``nslots``: a
@@ -187,8 +207,7 @@ def compile_doc(doc, opts: dict, **generate_kw) -> Kernel:
         engine = "tape" if n > int(opts["tape_above"]) else "codegen"
     if engine == "tape":
         pro, body, nh = run_deep(tape_program, doc)
-        key = content_hash(pro.code.tobytes().hex(), body.code.tobytes().hex())
-        return Kernel("", key, (), (), nh, len(body.code), "tape", (pro, body))
+        return tape_kernel(pro, body, nh)
     g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]), **generate_kw)
     return Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
                   counts_nonfinite=bool(g.counts_nonfinite), tile_scratch=int(g.tile_scratch),

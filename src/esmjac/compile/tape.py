@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import JacError
 from .ssa import Block
 
-__all__ = ["Tape", "encode", "run_tape", "CHUNK", "OPS"]
+__all__ = ["Tape", "encode", "run_tape", "check_tape", "retarget", "TapeBounds", "CHUNK", "OPS"]
 
 CHUNK = 256
 OPS = ["const", "hoist", "param", "time", "idx", "lane_u", "lane_f", "store", "storeh",
@@ -41,6 +41,12 @@ class Tape:
         self.code = code
         self.consts = consts
         self.nreg = nreg
+
+    def digest_parts(self) -> tuple:
+        """The tape's content (instructions, constants, register count) as
+        strings for a content hash: two tapes with equal parts compute the
+        same values."""
+        return (self.code.tobytes().hex(), self.consts.tobytes().hex(), str(int(self.nreg)))
 
     def listing(self) -> str:
         """Readable form (``esmjac kernel --tape``)."""
@@ -111,6 +117,114 @@ def encode(blk: Block, stores: list, store_op: str = "store") -> Tape:
             free.append(d)
     code = np.array(rows, dtype=np.int64).reshape(-1, 5)
     return Tape(code, np.array(consts or [0.0], dtype=np.float64), max(nreg, 1))
+
+
+# ------------------------------------------------------------------ stored tapes
+#
+# A tape read back from the cache is data that drives an interpreter compiled
+# without bounds checks, so every operand is checked against the arrays the
+# program will pass before the tape is used: a tampered or truncated file can
+# make :func:`check_tape` refuse it (a cache miss and a rebuild), never make
+# run_tape read or write outside its arrays.
+
+_REG1 = [_OPC[o] for o in ("neg", "not", "exp", "log", "log10", "sqrt", "sin", "cos", "tan", "asin",
+                            "acos", "atan", "sinh", "cosh", "tanh", "abs", "sign", "floor", "ceil",
+                            "asinh", "acosh", "atanh")]
+_REG2 = [_OPC[o] for o in ("+", "-", "*", "/", "pow", "<", "<=", ">", ">=", "==", "!=", "and", "or",
+                            "min", "max", "atan2")]
+#: Register count above which a stored tape is refused (a register row is
+#: CHUNK float64 values: this caps run_tape's scratch at 512 MiB).
+MAX_REGISTERS = 1 << 18
+
+
+class TapeBounds:
+    """What one tape may address: the sizes of the arrays run_tape gets
+    (constants are the tape's own). ``stores`` bounds ``store`` targets
+    (output rows of a lanes-fastest store, ``out[a*L + l]``); a prologue
+    (``prologue=True``) may only read parameters, time, constants and
+    hoisted values and write hoisted values."""
+
+    __slots__ = ("n_hoist", "n_params", "n_states", "n_forcing", "n_cix", "stores", "prologue")
+
+    def __init__(self, *, n_hoist: int, n_params: int, n_states: int, n_forcing: int, n_cix: int,
+                 stores: int, prologue: bool = False):
+        self.n_hoist, self.n_params, self.n_states = int(n_hoist), int(n_params), int(n_states)
+        self.n_forcing, self.n_cix, self.stores = int(n_forcing), int(n_cix), int(stores)
+        self.prologue = bool(prologue)
+
+
+def _refused(why: str) -> JacError:
+    return JacError("cache_error", f"a stored tape was refused: {why}")
+
+
+def check_tape(code, consts, nreg, bounds: TapeBounds) -> Tape:
+    """A :class:`Tape` of ``code``/``consts``/``nreg`` once every
+    instruction is checked against ``bounds``; otherwise the first violation
+    named (dtype, shape, opcode, register or operand
+    out of range), a ``cache_error``: a stored tape that fails is never
+    run. Arrays are copied into fresh read-only ones."""
+    if not isinstance(code, np.ndarray) or code.dtype != np.int64 or code.ndim != 2 or code.shape[1] != 5:
+        raise _refused("tape code must be an int64 array of shape (n, 5)")
+    if not isinstance(consts, np.ndarray) or consts.dtype != np.float64 or consts.ndim != 1 \
+            or consts.shape[0] < 1:
+        raise _refused("tape constants must be a non-empty float64 vector")
+    if isinstance(nreg, bool) or not isinstance(nreg, (int, np.integer)) or not 1 <= nreg <= MAX_REGISTERS:
+        raise _refused(f"tape register count {nreg!r} out of range")
+    code = np.array(code, dtype=np.int64, order="C")
+    consts = np.array(consts, dtype=np.float64, order="C")
+    o, d, a, b, c = (code[:, k] for k in range(5))
+
+    def need(mask, x, hi, what):
+        bad = mask & ((x < 0) | (x >= hi))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise _refused(f"tape row {i} ({OPS[o[i]]}): {what} {int(x[i])} outside [0, {hi})")
+
+    if ((o < 0) | (o >= len(OPS))).any():
+        i = int(np.argmax((o < 0) | (o >= len(OPS))))
+        raise _refused(f"tape row {i}: opcode {int(o[i])} is not an instruction")
+    everything = np.ones(o.shape, bool)
+    need(everything, d, nreg, "register")
+    B = bounds
+    need(o == _OPC["const"], a, consts.shape[0], "constant")
+    need(o == _OPC["hoist"], a, B.n_hoist, "hoisted value")
+    need(o == _OPC["param"], a, B.n_params, "parameter")
+    need(o == _OPC["storeh"], a, B.n_hoist, "hoisted value")
+    lane = np.isin(o, [_OPC["idx"], _OPC["lane_u"], _OPC["lane_f"], _OPC["store"]])
+    if B.prologue and lane.any():
+        i = int(np.argmax(lane))
+        raise _refused(f"tape row {i} ({OPS[o[i]]}): a prologue reads and writes no lanes")
+    need(o == _OPC["idx"], a, B.n_cix, "cell dimension")
+    need(o == _OPC["lane_u"], a, B.n_states, "state")
+    need(o == _OPC["lane_f"], a, B.n_forcing, "forcing field")
+    need(o == _OPC["store"], a, B.stores, "output row")
+    one = np.isin(o, _REG1)
+    two = np.isin(o, _REG2)
+    sel = o == _OPC["select"]
+    need(one | two | sel, a, nreg, "register")
+    need(two | sel, b, nreg, "register")
+    need(sel, c, nreg, "register")
+    code.setflags(write=False)
+    consts.setflags(write=False)
+    return Tape(code, consts, int(nreg))
+
+
+def retarget(tape: Tape, dest) -> Tape | None:
+    """``tape`` with store ``k`` writing ``dest[k]`` instead (a plan's slot),
+    or None when two stores would land in one slot (then the slot needs a
+    sum: :func:`codegen.tape_program` with ``dest``). Bit-identical to the
+    tape generated with ``dest``: the same instructions, only targets differ."""
+    dest = np.asarray(dest, dtype=np.int64)
+    code = tape.code.copy()
+    st = code[:, 0] == _OPC["store"]
+    tgt = code[st, 2]
+    if tgt.size and (tgt.min() < 0 or tgt.max() >= dest.shape[0]):
+        return None
+    if np.unique(dest).shape[0] != dest.shape[0]:
+        return None
+    code[st, 2] = dest[tgt]
+    code.setflags(write=False)
+    return Tape(code, tape.consts, tape.nreg)
 
 
 def _operands(op: str, args: tuple) -> tuple:

@@ -111,10 +111,46 @@ def _refuse(name: str, x, n: int, dtype) -> None:
 
 
 class _Bound:
-    """Shared argument checks of bound calls (see module docstring)."""
+    """Shared argument checks and the call of bound calls (see module docstring)."""
 
-    __slots__ = ("prog", "lanes", "dtype", "n_u", "n_out", "n_p", "n_f", "serial",
-                 "_pv", "_p_src", "_f_none", "_body", "_scan", "_seen", "_ush", "_osh", "_ust", "_fsh")
+    __slots__ = ("prog", "lanes", "dtype", "n_u", "n_out", "n_p", "n_f", "serial", "ws", "keep_point",
+                 "_pv", "_p_src", "_f_none", "_body", "_scan", "_seen", "_ush", "_osh", "_ust", "_fsh",
+                 "_what", "_pt", "_last_dtype", "_fp")
+
+    def __call__(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray) -> np.ndarray:
+        """Evaluate into ``out`` (and return it); bad input raises a
+        ``JacError`` before compiled code runs."""
+        sn = self._seen
+        dt = self.dtype
+        # The repeat call (a solver's loop): the very arrays of the last call
+        # (kind, contiguity and aliasing checked then), their shape, dtype and
+        # writability re-read (all three can be changed in place), a finite
+        # float t. Everything else takes the full checks of _args.
+        if sn and out is sn[0] and u is sn[1] and p is sn[2] and t.__class__ is float and t - t == 0.0 \
+                and (forcing is sn[3] or (forcing is None and sn[3] is self._f_none)) \
+                and u.shape == self._ush and out.shape == self._osh and u.dtype is dt and out.dtype is dt \
+                and out.flags.writeable and (forcing is None or (forcing.shape == self._fsh
+                                                                 and forcing.dtype is dt)):
+            pv, f = p, sn[3]
+        else:
+            pv, t, f = self._args(u, p, t, forcing, out)
+        bad = self._body(u, pv, t, f, out)     # a serial driver counts non-finite values itself
+        ws = self.ws
+        if ws is not None:
+            ws.last_dtype = self._last_dtype
+            ws.last_plan = self._fp
+            ws.point = None
+            if self.keep_point:
+                pu, pp, pf = self._pt
+                np.copyto(pu, u)
+                np.copyto(pp, pv)
+                np.copyto(pf, f)
+                ws.point = (pu, pp, t, pf)
+        if bad is None:
+            bad = self._scan(out)
+        if bad:
+            checks.report_nonfinite(out, (u, pv, f), t, self._what)
+        return out
 
     def _setup(self, prog, lanes: int, dtype, n_out: int) -> None:
         self.prog = prog
@@ -127,6 +163,9 @@ class _Bound:
         self.n_p = len(prog.layout.params)
         self.n_f = prog.f_size(self.lanes)
         self.serial = self.n_u < SERIAL_BELOW
+        self.ws = None
+        self.keep_point = False
+        self._pt = self._last_dtype = self._fp = None
         self._pv = None
         self._p_src = None
         self._seen = ()
@@ -142,24 +181,14 @@ class _Bound:
     def _args(self, u, p, t, forcing, out) -> tuple:
         """``(p, t, forcing)`` ready for the kernels, or a typed error.
 
-        The common case costs attribute reads and identity comparisons:
-        plain ndarrays of the bound shape and dtype (``dtype is`` the bound
-        one: NumPy's native float dtypes are singletons; anything else takes
-        the full check), the parameter array of the previous call, a float
-        ``t``, the arrays of the previous call (aliasing already checked)."""
+        (The repeat call never gets here: ``__call__`` checks it inline.)
+        A new call costs attribute reads and identity comparisons when it
+        passes plain ndarrays of the bound shape and dtype (``dtype is`` the
+        bound one: NumPy's native float dtypes are singletons; anything else
+        takes the full check), the parameter array of the previous call and
+        a float ``t``; new arrays are checked for aliasing once."""
         dt = self.dtype
         sn = self._seen
-        # The repeat call (a solver's loop): the very arrays of the last call,
-        # their shape and dtype re-read (both can be reassigned in place).
-        if sn and out is sn[0] and u is sn[1] and p is sn[2] and t.__class__ is float and t - t == 0.0 \
-                and u.shape == self._ush and out.shape == self._osh and u.dtype is dt and out.dtype is dt \
-                and out.flags.writeable:
-            f = sn[3]
-            if forcing is None:
-                if f is self._f_none:
-                    return p, t, f
-            elif forcing is f and f.shape == self._fsh and f.dtype is dt:
-                return p, t, f
         if sn and sn[0] is out and sn[1] is u:
             # the arrays of the last call: their kind, contiguity and
             # aliasing were checked then; shape and dtype are re-read
@@ -229,13 +258,14 @@ class BoundJacobian(_Bound):
     """``run(u, p, t, forcing, out)``: ``eval_into`` with everything but the
     numbers decided at binding time (``JacobianProgram.bind``)."""
 
-    __slots__ = ("plan", "ws", "direct", "keep_point", "_slab", "_h", "_cix", "_pt", "_last_dtype", "_fp")
+    __slots__ = ("plan", "direct", "_slab", "_h", "_cix")
 
     def __init__(self, prog, plan, ws, dtype=np.float64, warm: bool = True, keep_point: bool = False):
         prog._check_plan(plan)
         prog._check_ws(ws)
         plan.check_lanes(ws.lanes)
         self._setup(prog, ws.lanes, dtype, plan.out_size(ws.lanes))
+        self._what = "Jacobian"
         self.plan, self.ws = plan, ws
         L = ws.lanes
         self.direct = (not ws.keep_slab) and plan.kind == "lane" and \
@@ -370,25 +400,6 @@ class BoundJacobian(_Bound):
         self._h[:] = h
         self._scan(out)
 
-    def __call__(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray) -> np.ndarray:
-        pv, t, f = self._args(u, p, t, forcing, out)
-        bad = self._body(u, pv, t, f, out)     # a serial driver counts non-finite values itself
-        ws = self.ws
-        ws.last_dtype = self._last_dtype
-        ws.last_plan = self._fp
-        ws.point = None
-        if self.keep_point:
-            pu, pp, pf = self._pt
-            np.copyto(pu, u)
-            np.copyto(pp, pv)
-            np.copyto(pf, f)
-            ws.point = (pu, pp, t, pf)
-        if bad is None:
-            bad = self._scan(out)
-        if bad:
-            checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
-        return out
-
 
 class _OneLane:
     """A one-lane twin of a binding, for the warm call (same kernels and
@@ -461,6 +472,7 @@ class BoundRhs(_Bound):
     but the numbers decided at binding time (``RhsProgram.bind``)."""
 
     __slots__ = ("zero_first", "_h", "_cix")
+    # (its __call__ is _Bound's: a global program's body zeroes ``out`` first)
 
     def __init__(self, prog, lanes: int | None = None, dtype=None, scratch=None, warm: bool = True):
         if scratch is not None:
@@ -471,6 +483,7 @@ class BoundRhs(_Bound):
         if int(lanes) < 1:
             raise JacError("bad_argument", "lanes must be >= 1")
         self._setup(prog, lanes, prog.dtype if dtype is None else dtype, prog.u_size(int(lanes)))
+        self._what = "right-hand side"
         if scratch is not None:
             checks.workspace(scratch, prog.owner, "scratch", prog.kernel.n_hoist,
                              prog.layout.cell_shape if prog.kind == "cell" else None)
@@ -478,6 +491,13 @@ class BoundRhs(_Bound):
         self._h, self._cix = sc.h, sc.cix
         self.zero_first = prog.kind == "global"
         self._body = _rhs_like_runner(prog.kernel, self.serial, self.lanes, self._h, self._cix)
+        if self.zero_first:
+            run = self._body
+
+            def body(u, p, t, f, out):
+                out[:] = 0              # a global program's box chunks accumulate
+                return run(u, p, t, f, out)
+            self._body = body
         if warm:
             u = np.ones(self.n_u, dtype=self.dtype)
             f = self._f_none if self._f_none is not None else np.ones(max(self.n_f, 1), dtype=self.dtype)
@@ -491,14 +511,3 @@ class BoundRhs(_Bound):
                 h = self._h.copy()
                 self._body(u, np.ones(self.n_p), 0.0, f, out)
                 self._h[:] = h
-
-    def __call__(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray) -> np.ndarray:
-        pv, t, f = self._args(u, p, t, forcing, out)
-        if self.zero_first:
-            out[:] = 0
-        bad = self._body(u, pv, t, f, out)
-        if bad is None:
-            bad = self._scan(out)
-        if bad:
-            checks.report_nonfinite(out, (u, pv, f), t, "right-hand side")
-        return out

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
+import threading
 import time
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,6 @@ from .._frozen import FrozenMap, frozen_arrays, readonly
 from ..calculus.bandset import BandSet, check_options
 from ..calculus import JacEntry
 from ..calculus.bands import Band
-from ..compile.cache import document_key, load_product, store_product
 from ..compile.engine import ENGINE_OPTIONS, FusedTape, Kernel, compile_doc, fused_tape
 from ..compile.evaldoc import EvalDoc, Field, jacobian_doc, rhs_doc
 from ..errors import JacError, typed_errors
@@ -41,6 +41,8 @@ from . import checks as _checks
 from . import kernels as K
 from .workspace import JacWorkspace, RhsScratch, lane_cells
 from .progress import done, stage
+from ..compile.cache import document_key
+from .stored import LazyDoc, build_key, cached_build, fingerprint, heads_of
 from .bound import BoundJacobian, BoundRhs
 from .second import contract_at
 from .threads import one_thread, serial_below
@@ -177,70 +179,41 @@ class _Base:
         return _check_vec("forcing", forcing, n, dtype)
 
 
+#: The last documents loaded, by content key (compile/cache.py ``document_key``):
+#: a Jacobian and an RHS of one document load (parse and schema-validate) it
+#: once. Views are read, never changed, by the builds.
+_VIEWS: "OrderedDict[tuple, SystemView]" = OrderedDict()
+_VIEWS_LOCK = threading.Lock()
+
+
 def _view_layout(source, model, opts: dict) -> tuple:
     """The model's view (``source`` loaded, or a view given as it is) and its layout."""
-    view = source if isinstance(source, SystemView) else run_deep(load_view, source, model)
+    if isinstance(source, SystemView):
+        view = source
+    else:
+        keyed = document_key(source, "view") if opts["cache"] else None
+        memo = (keyed[0], str(model)) if keyed is not None else None
+        with _VIEWS_LOCK:
+            view = _VIEWS.get(memo) if memo is not None else None
+        if view is None:
+            view = run_deep(load_view, source, model)
+            if memo is not None:
+                with _VIEWS_LOCK:
+                    _VIEWS[memo] = view
+                    while len(_VIEWS) > 2:
+                        _VIEWS.popitem(last=False)
     return view, model_layout(view, opts["per_lane"])
 
 
-def build_key(kind: str, source, model, wrt, opts: dict) -> tuple | None:
-    """``(content key, dependency list)`` under which a build of ``source``
-    with ``opts`` (checked :data:`PROGRAM_OPTIONS`) is stored, or None when
-    the source cannot be keyed (compile/cache.py ``document_key``). Every
-    option that changes the product is in the key; ``cache`` and
-    ``progress`` do not change it."""
-    return document_key(source, kind, str(model), str(wrt), str(opts["max_stmts"]),
-                        str(opts["allow_empty"]), str(opts["engine"]), str(opts["tape_above"]),
-                        str(tuple(opts["per_lane"])))
-
-
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
-    """Whole-build cache (compile/cache.py): verified JSON + npz products
-    for keyable sources; kernels, index arrays and fingerprints are rebuilt
-    from the decoded document (:func:`_revive`), never read from disk."""
-    keyed = build_key(kind, source, model, wrt, opts) if opts["cache"] else None
-    if keyed is not None:
-        obj = load_product(keyed[0], _product_types())
-        if obj is not None:
-            try:
-                return _revive(obj, opts)
-            except Exception as exc:     # a product that does not revive is a miss
-                logging.getLogger("esmjac.cache").warning(
-                    "esmjac cache: stored build does not match its document (%s); rebuilding", exc)
-    obj = make()
-    if keyed is not None:
-        store_product(keyed[0], obj, keyed[1], _product_types(), _PRODUCT_SKIP)
-    return obj
-
-
-#: Fields never read back from a stored product: generated code and index
-#: arrays are regenerated from the decoded document (see :func:`_revive`).
-_PRODUCT_SKIP = {"Kernel": ("source", "tapes"), "JacobianProgram": ("meta",)}
+    """``make()`` through the build cache (runtime/stored.py: tapes and
+    plain fields apart from the expressions, checked on load)."""
+    return cached_build(kind, source, model, wrt, opts, make, _product_types())
 
 
 def _product_types() -> dict:
     return {c.__name__: c for c in (JacobianProgram, RhsProgram, Kernel, EvalDoc, ModelLayout, Field,
                                     JacEntry, Band)}
-
-
-def _revive(obj, opts: dict):
-    """A decoded product rebuilt through its constructor (so it is frozen
-    like a fresh one), with its kernel regenerated (checked against the
-    stored content hash), index arrays and fingerprint."""
-    if not isinstance(obj, (JacobianProgram, RhsProgram)) or not isinstance(obj.doc, EvalDoc):
-        raise ValueError("not a program")
-    stored = obj.kernel
-    kern = compile_doc(obj.doc, {**opts, "engine": stored.engine})
-    if kern.key != stored.key:
-        raise ValueError("the regenerated kernel differs from the stored one")
-    lay = dataclasses.replace(obj.layout)        # through __post_init__: frozen shapes
-    if isinstance(obj, JacobianProgram):
-        meta = field_meta(obj.doc, lay, obj.col_vars, obj.col_base)
-        fp = hashlib.sha256((kern.key + obj.doc.to_json()).encode()).hexdigest()
-        if fp != obj.fingerprint:
-            raise ValueError("fingerprint mismatch")
-        return dataclasses.replace(obj, kernel=kern, layout=lay, meta=meta)
-    return dataclasses.replace(obj, kernel=kern, layout=lay)
 
 
 # ------------------------------------------------------------------ RHS
@@ -257,7 +230,7 @@ def _frozen(value):
 
 class _Product:
     """Frozen build products: every field frozen at construction (also when
-    a stored product is revived: :func:`_revive` goes through the
+    a stored product is revived: ``runtime.stored`` goes through the
     constructor) and again after unpickling (pickle does not keep
     ``writeable=False``)."""
 
@@ -463,10 +436,10 @@ class JacobianProgram(_Product, _Base):
             cvars, cbase, ncols = _colspace(lay, wrt)
             meta = field_meta(doc, lay, cvars, cbase)
             u0, p0, f0 = default_vectors(view, lay)
-            fp = hashlib.sha256((kern.key + doc.to_json()).encode()).hexdigest()
+            lfp = _layout_fp(lay, rdoc.kind)
+            fp = fingerprint(kern.key, lfp, doc.kind, wrt, heads_of(doc))
             return cls(doc, lay, doc.kind, wrt, tuple(bs.entries), bs.structure,
-                       cvars, cbase, ncols, kern, fp,
-                       _layout_fp(lay, rdoc.kind), meta, u0, p0, f0, view.element_type)
+                       cvars, cbase, ncols, kern, fp, lfp, meta, u0, p0, f0, view.element_type)
 
         prog = _build_doc_cached("jac", source, model, wrt, opts, make)
         prog._warm(prog.slab_size(1))
@@ -476,7 +449,8 @@ class JacobianProgram(_Product, _Base):
     # -- sizes -------------------------------------------------------------------
     @property
     def n_fields(self) -> int:
-        return len(self.doc.fields)
+        d = self.doc
+        return d.n_fields if isinstance(d, LazyDoc) else len(d.fields)
 
     def slab_size(self, lanes: int) -> int:
         if self.kind == "cell":
@@ -598,7 +572,7 @@ class JacobianProgram(_Product, _Base):
         memo = (self.fingerprint, plan.key, "tape")
         k = _FUSED.get(memo)
         if k is None:
-            k = _FUSED[memo] = fused_tape(self.doc, plan.arrays["fa"], plan.arrays["za"])
+            k = _FUSED[memo] = fused_tape(self.doc, plan.arrays["fa"], plan.arrays["za"], self.kernel)
         return k
 
     def _run_fused(self, plan, u, p, t, f, out, ws, L) -> int | None:

@@ -56,7 +56,11 @@ def serial_below(n: int, limit: int = SERIAL_BELOW):
 
 
 def with_threads(nthreads: int | None, fn: Callable, *args, **kwargs):
-    """``fn(*args, **kwargs)`` under :func:`numba_threads` ``(nthreads)``."""
+    """``fn(*args, **kwargs)`` under :func:`numba_threads` ``(nthreads)``
+    (a plain call when there is nothing to switch: the adapters' per-call
+    case, where a context manager per call is measurable at 1 cell)."""
+    if nthreads is None or numba.get_num_threads() == nthreads:
+        return fn(*args, **kwargs)
     with numba_threads(nthreads):
         return fn(*args, **kwargs)
 
