@@ -132,6 +132,10 @@ _REG1 = [_OPC[o] for o in ("neg", "not", "exp", "log", "log10", "sqrt", "sin", "
                             "asinh", "acosh", "atanh")]
 _REG2 = [_OPC[o] for o in ("+", "-", "*", "/", "pow", "<", "<=", ">", ">=", "==", "!=", "and", "or",
                             "min", "max", "atan2")]
+#: Every instruction check_tape knows the operands of (a new instruction must
+#: be added to its checks, else stored tapes using it are refused).
+_KNOWN = [_OPC[o] for o in ("const", "hoist", "param", "time", "idx", "lane_u", "lane_f", "store", "storeh",
+                             "select")] + _REG1 + _REG2
 #: Register count above which a stored tape is refused (a register row is
 #: CHUNK float64 values: this caps run_tape's scratch at 512 MiB).
 MAX_REGISTERS = 1 << 18
@@ -183,6 +187,10 @@ def check_tape(code, consts, nreg, bounds: TapeBounds) -> Tape:
     if ((o < 0) | (o >= len(OPS))).any():
         i = int(np.argmax((o < 0) | (o >= len(OPS))))
         raise _refused(f"tape row {i}: opcode {int(o[i])} is not an instruction")
+    unknown = ~np.isin(o, _KNOWN)          # an instruction whose operands are not checked here
+    if unknown.any():
+        i = int(np.argmax(unknown))
+        raise _refused(f"tape row {i}: instruction {OPS[o[i]]} has no operand check")
     everything = np.ones(o.shape, bool)
     need(everything, d, nreg, "register")
     B = bounds
