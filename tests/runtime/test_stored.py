@@ -246,3 +246,13 @@ def test_a_box_mechanism_is_one_entry_at_any_lane_count(cache, builds):
     u4 = _point(4)                     # and the lifted program against the hand Jacobian
     assert np.allclose(_dense(P.JacobianProgram.build(chem(cells=4), options=TAPE), u4)[1],
                        chem_jacobian(u4, K1, K2), rtol=1e-14, atol=0)
+
+
+def test_a_range_with_explicit_bounds_keeps_the_size_in_the_key(cache):
+    """``ranges`` with explicit bounds may follow the index set's size: no
+    grid-free key (each size its own entry); whole-set ranges get one."""
+    from esmjac.compile.cache import grid_free_key
+    d = chem(cells=4)
+    assert grid_free_key(d, "x") is not None and grid_free_key(d, "x")[0] == grid_free_key(chem(cells=9), "x")[0]
+    d["models"]["M"]["equations"][0]["rhs"]["ranges"]["i"] = {"from": 1, "to": 4}
+    assert grid_free_key(d, "x") is None

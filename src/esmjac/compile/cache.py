@@ -290,12 +290,32 @@ def document_key(source: Any, *extra: str) -> tuple | None:
     return None if d is None else _keyed(*d, extra)
 
 
+def _whole_set_ranges(tree: Any, name: str) -> bool:
+    """Whether every ``ranges`` entry of a document runs over the whole
+    index set ``name`` (``{"from": name}``): explicit bounds may depend on
+    the set's size, so such a document keeps its size in its key."""
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            r = x.get("ranges")
+            if r is not None:
+                if not isinstance(r, dict) or any(v != {"from": name} for v in r.values()):
+                    return False
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return True
+
+
 def grid_free_key(source: Any, *extra: str) -> tuple | None:
     """(key, dependency list, index set, size) of a document with exactly
     one index set of an integer size: the key covers everything
     :func:`document_key` does except that size, so the same document at any
-    size has one key. None for other documents. (Whether a build of it is
-    the same at every size is the caller's to check: a cell program is.)"""
+    size has one key. None for other documents, and for documents with a
+    range other than the whole set (explicit bounds may follow the size).
+    (Whether a build of it is the same at every size is the caller's to
+    check: a cell program is.)"""
     d = _document(source)
     if d is None or not isinstance(d[1], dict):
         return None
@@ -306,6 +326,8 @@ def grid_free_key(source: Any, *extra: str) -> tuple | None:
     (name, spec), = sets.items()
     size = spec.get("size") if isinstance(spec, dict) else None
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return None
+    if not _whole_set_ranges(tree, name):
         return None
     norm = dict(tree)
     norm["index_sets"] = {name: {**spec, "size": None}}
