@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ..compile.tape import _OPC
+from ..compile.tape import OPS
 from ..errors import JacError
 from ..layouts.types import LaneSparseBlocks, untile
 from ..model.expr import free_names
@@ -291,7 +291,8 @@ def _reads_cells(prog) -> bool:
     """Whether a program's kernels read cell index values (``cix``)."""
     k = prog.kernel
     if k.engine == "tape":
-        return any(bool(np.any(t.code[:, 0] == _OPC["idx"])) for t in k.tapes)
+        idx = OPS.index("idx")                  # the opcode of a cell-index read (public op table)
+        return any(bool(np.any(t.code[:, 0] == idx)) for t in k.tapes)
     return "cix[" in k.source
 
 
@@ -345,7 +346,7 @@ def _jac_block(u, f, spec, layout, p, t, threads, block_info=None):
 
 def _apply_block(u, v, f, spec, p, t, threads, transpose, block_info=None):
     b = _built(spec)
-    plan = b.plan(LaneSparseBlocks(tile=None))
+    plan = b.plan(LaneSparseBlocks())     # tiled default: eval_into 2x faster, apply's bits unchanged
     w = u.shape[1]
     uu = _flat(u, u.dtype)
     ws = _jac_ws(spec, b, w, _start(block_info))
@@ -824,7 +825,7 @@ class _Leaf:
     """The per-lane Rosenbrock leaf (``esmjac.adapters._leaf``) on one thread."""
 
     def __init__(self, b: _Built, p, method, rtol, atol, max_steps):
-        self.leaf = RosenbrockLeaf(b.rhs, b.jac, b.plan(LaneSparseBlocks(tile=None)), p, None, method=method,
+        self.leaf = RosenbrockLeaf(b.rhs, b.jac, b.plan(LaneSparseBlocks()), p, None, method=method,
                                    rtol=rtol, atol=atol, step="lane", threads=1, compact=True,
                                    clip_negative=False, max_steps=max_steps, max_rejects=50, h0=None)
 

@@ -405,6 +405,34 @@ def _scatter_all(Y, n, m, idx, out, L):
             out[s * L + idx[l]] = Y[s * m + l]
 
 
+# Fused sequences of the step (one call from Python each, not three or four:
+# a Numba dispatch with a dozen array arguments costs microseconds, which at
+# a few hundred lanes per block is a visible share of a step). Each runs the
+# kernels above in the same order, so the bits are theirs.
+
+@numba.njit(**_JIT)
+def _prep_and_factor(t, h, tend, done, m, hs, last, J, WJ, Wm, WA, gamma, nnz, chunk,
+                     piv, mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src, bad):
+    """The step sizes to attempt (:func:`_prep_h`), then ``Wm = LU(I/(h_l γ) − J)``."""
+    _prep_h(t, h, tend, done, m, hs, last)
+    factor_shifted_lanes(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_ptr, mul_slot,
+                         upd_ptr, upd_tgt, upd_src, bad)
+
+
+@numba.njit(**_JIT)
+def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA, chunk,
+                 piv, fwd_ptr, fwd_slot, fwd_col, bwd_ptr, bwd_slot, bwd_col,
+                 Y, nidx, nval, nout, comb):
+    """Stage ``i``: its right-hand side (:func:`_stage_rhs`) and solve; with
+    ``comb``, then the next combination ``nout = Y + Σ nval K[nidx]`` (the
+    next stage's argument, or the new state after the last stage)."""
+    _stage_rhs(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch)
+    solve_lanes(Wm, K[i], nnz, m, WA, chunk, piv, fwd_ptr, fwd_slot, fwd_col,
+                bwd_ptr, bwd_slot, bwd_col)
+    if comb:
+        _combine(Y, K, nidx, nval, perm, m, nout)
+
+
 def _nz(coefs) -> tuple[np.ndarray, np.ndarray]:
     idx = [j for j, v in enumerate(coefs) if v != 0.0]
     return np.array(idx, dtype=np.int64), np.array([coefs[j] for j in idx], dtype=np.float64)
@@ -451,6 +479,16 @@ class LaneStepper:
         self.a_nz = [_nz(tab.a[i]) for i in range(S)]
         self.c_nz = [_nz(tab.c[i]) for i in range(S)]
         self.m_nz, self.e_nz = _nz(tab.m), _nz(tab.e)
+        # what each stage's call combines after its solve: the next stage's
+        # argument (when that stage needs a new f) or, after the last, Ynew
+        self._next = []
+        for i in range(S):
+            if i + 1 == S:
+                self._next.append((*self.m_nz, self.Ynew, True))
+            elif tab.newf[i + 1]:
+                self._next.append((*self.a_nz[i + 1], self.Yst, True))
+            else:
+                self._next.append((*self.m_nz, self.Ynew, False))
         self.nf_stage = sum(1 for i in range(S) if tab.newf[i])
         self.fops, self.sops = lu._factor_ops(), lu._solve_ops()
 
@@ -507,8 +545,9 @@ class LaneStepper:
         nfev_step = self.nf_stage + (1 if nonauto else 0)
         while m > 0:
             W = m if self.tile is None else self.tile
-            _prep_h(t, h, tend, self.done, m, hs, self.last)
+            WA = lu_tile(m)
             if nonauto:
+                _prep_h(t, h, tend, self.done, m, hs, self.last)
                 # ∂f/∂t by a forward difference in t (the forcing's time dependence).
                 _fd_times(t, m, self.tst)
                 self._forcing_at(fcall, self.tst, m)
@@ -516,32 +555,31 @@ class LaneStepper:
                 self._forcing_at(fcall, t, m)
                 self.rhs(Y, self.FZ, self.cix, m, F0)
                 _fd_time(Fs, F0, t, m, n, self.dfdt)
+                self.jac(Y, self.FZ, self.cix, m, self.J)
+                factor_shifted_lanes(self.J, W, self.Wm, WA, hs, gamma, lu.nnz, m, CHUNK, *self.fops,
+                                     self.bad)
             else:
                 self.rhs(Y, self.FZ, self.cix, m, F0)
-            self.jac(Y, self.FZ, self.cix, m, self.J)
-            WA = lu_tile(m)
-            factor_shifted_lanes(self.J, W, self.Wm, WA, hs, gamma, lu.nnz, m, CHUNK, *self.fops,
-                                 self.bad)
+                self.jac(Y, self.FZ, self.cix, m, self.J)
+                _prep_and_factor(t, h, tend, self.done, m, hs, self.last, self.J, W, self.Wm, WA, gamma,
+                                 lu.nnz, CHUNK, *self.fops, self.bad)
             if self.shared:
                 _shared_bad(self.bad, m)
+            Fi = F0
             for i in range(S):
-                if i == 0:
-                    Fi = F0
-                else:
-                    if tab.newf[i]:
-                        ai, av = self.a_nz[i]
-                        _combine(Y, K, ai, av, self.perm, m, Yst)
-                        if nonauto:
-                            _times(t, hs, tab.alpha[i], m, self.tst)
-                            self._forcing_at(fcall, self.tst, m)
-                        self.rhs(Yst, self.FZ, self.cix, m, Fs)
-                        Fi = Fs
-                    # else: the same argument as the previous stage, same f.
+                if i > 0 and tab.newf[i]:
+                    # Yst (this stage's argument) was combined by the previous stage's call
+                    if nonauto:
+                        _times(t, hs, tab.alpha[i], m, self.tst)
+                        self._forcing_at(fcall, self.tst, m)
+                    self.rhs(Yst, self.FZ, self.cix, m, Fs)
+                    Fi = Fs
+                # (a stage without newf has the previous stage's argument, so the same f)
                 ci, cv = self.c_nz[i]
-                _stage_rhs(Fi, K, i, ci, cv, hs, tab.gsum[i] if nonauto else 0.0, self.dfdt,
-                           self.perm, m, self.ch)
-                solve_lanes(self.Wm, K[i], lu.nnz, m, WA, CHUNK, *self.sops)
-            _combine(Y, K, self.m_nz[0], self.m_nz[1], self.perm, m, Ynew)
+                nx, nv, no, comb = self._next[i]
+                _stage_solve(Fi, K, i, ci, cv, hs, tab.gsum[i] if nonauto else 0.0, self.dfdt,
+                             self.perm, m, self.ch, self.Wm, lu.nnz, WA, CHUNK, *self.sops,
+                             Y, nx, nv, no, comb)
             _err_lanes(Y, Ynew, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, m, self.err, self.eb)
             if self.shared:
                 _shared_max(self.err, m)
