@@ -662,8 +662,8 @@ def _rhs_tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, TW: 
     """A cell right-hand side chunk over tiles of ``TW`` lanes (output
     ``out[s*L + l]``, the earthsci_ast order, unchanged).
 
-    ``tile_<name>`` computes lanes ``l0 .. l0+TW-1``: one ``for j in
-    range(TW)`` loop (a literal trip count) reading the caller's arrays at
+    ``tile_<name>`` computes lanes ``l0 .. l0+m-1`` (``m = TW`` for every
+    whole tile): one ``for j in range(m)`` loop reading the caller's arrays at
     unit stride and writing a stack scratch ``S`` (compile/stackbuf.py) at
     literal offsets. LLVM knows a stack slot aliases no argument, so the
     loop vectorizes without run-time alias checks (packed ``vmulpd``/
@@ -675,8 +675,7 @@ def _rhs_tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, TW: 
     tile width and lane count. The last tile of a lane count that is not a
     multiple of ``TW`` is shifted back to end at lane ``L - 1`` (its first
     lanes are recomputed, bit-identically, and not stored again); fewer
-    than ``TW`` lanes are copied into stack buffers first (padding lanes
-    repeat the last lane)."""
+    than ``TW`` lanes run the same loop over their ``L`` lanes."""
     lay = doc.layout
     need = _live(blk, [vals[0] for _, vals, _ in taken])
     reads = []
@@ -714,26 +713,15 @@ def _rhs_tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, TW: 
                f'    """Lanes l0..l0+{TW - 1} of {name} (inputs ``x[s*L + l0 + j]``) into '
                f'``out[s*Lo + lo + j]`` for j0 <= j < m; the number of non-finite values stored."""',
                *hv, f"    S = stack_empty({nsl * TW}, out.dtype)", *views,
-               f"    for j in range({TW}):", *["        " + x for x in (cvals + pr.lines + stores or ["pass"])],
+               "    for j in range(m):", *["        " + x for x in (cvals + pr.lines + stores or ["pass"])],
                "    bad = 0", *["    " + x for x in copy], "    return bad"]
-    # Fewer lanes than a tile: the inputs this chunk reads, clamped to the
-    # last lane, in stack buffers of TW lanes (``x[s*TW + j]``).
-    nu = 1 + max([s for src, s in reads if src == "u"], default=0)
-    nf = 1 + max([s for src, s in reads if src == "f"], default=0)
-    small = ["", "@nb.njit(**_JIT)", f"def small_{name}(u, f, h, cix, out, L):",
-             f'    """{name} at fewer than {TW} lanes."""',
-             f"    U = stack_empty({nu * TW}, u.dtype)", f"    F = stack_empty({nf * TW}, f.dtype)",
-             f"    C = stack_empty({max(ncd, 1) * TW}, cix.dtype)",
-             f"    for j in range({TW}):", "        l = min(j, L - 1)"]
-    for src, s in reads:
-        small.append(f"        {src.upper()}[{s} * {TW} + j] = {src}[{s} * L + l]")
-    for d in cdims:
-        small.append(f"        C[{d} * {TW} + j] = cix[{d} * L + l]")
-    small.append(f"    return tile_{name}(U, F, C, {TW}, 0, h, out, L, 0, 0, L)")
-    pre = [f"    if L < {TW}:", f"        return small_{name}(u, f, h, cix, out, L)", "    bad = 0"]
+    # Fewer lanes than a tile: the same loop over the L real lanes (a
+    # runtime trip count: vectorized with a scalar remainder), so a one-cell
+    # call does one cell's arithmetic, not a tile's.
+    pre = [f"    if L < {TW}:", f"        return tile_{name}(u, f, cix, L, 0, h, out, L, 0, 0, L)", "    bad = 0"]
     body = [f"l0 = min(t * {TW}, L - {TW})",
             f"bad += tile_{name}(u, f, cix, L, l0, h, out, L, l0, t * {TW} - l0, {TW})"]
-    return (tile_fn + small + _variants(name, "u, f, h, cix, out, L", f"for t in range((L + {TW - 1}) // {TW}):",
+    return (tile_fn + _variants(name, "u, f, h, cix, out, L", f"for t in range((L + {TW - 1}) // {TW}):",
                                         pre, body, "bad"),
             len(pr.lines), pr.hoisted)
 
