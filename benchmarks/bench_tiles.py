@@ -123,7 +123,7 @@ class TileBench:
 
         import numba
 
-        from common import block_pattern_from_csr, csr_of, lane_err, lane_values
+        from common import casadi_vs_csr, lane_values
         from esmjac.layouts.types import Csr, LaneSparseBlocks
         from esmjac.models.mechanism import synthetic_mechanism
         from esmjac.runtime.programs import JacobianProgram
@@ -144,28 +144,13 @@ class TileBench:
             self.rec["c5"] = {"skipped": buf.getvalue().strip()}
             return
         self.log(f"C5: CasADi {cp.info.get('route')} built in {time.perf_counter() - t0:.1f} s")
-        if list(cp.model.species) != list(j.layout.states) or list(cp.model.params) != list(j.layout.params):
-            raise AssertionError("the CasADi peer's species/parameter order differs from esmjac's")
         L, n = cells, j.n_species
         rng = np.random.default_rng(5)
         u0, p, f0 = j.defaults(L)
         u = np.ascontiguousarray(u0 * rng.uniform(0.5, 1.5, u0.shape))
         f = f0 if f0 is not None and f0.size else None
         fe = f if f is not None else np.empty(0)
-        csr = j.plan(Csr())
-        oc = np.zeros(csr.out_size(L))
-        j.eval_into(csr, u, p, 0.0, f, oc, j.new_workspace(L))
-        M = csr_of(csr, oc)
-        oj = np.empty(cp.nnz * L)
-        cp.jac(u, p, fe, oj, L)
-        union = sorted(set(block_pattern_from_csr(csr, n, L)) | set(cp.pattern))
-        pos = {rc: q for q, rc in enumerate(cp.pattern)}
-        A = np.zeros((len(union), L))
-        V = oj.reshape(cp.nnz, L)
-        for q, rc in enumerate(union):
-            if rc in pos:
-                A[q] = V[pos[rc]]
-        err = lane_err(A, lane_values(M, union, L), union, n, 1e-8)
+        err, M, oj = casadi_vs_csr(cp, j, j.plan(Csr()), u, p, f, L)
         if not err <= 1e-10:
             raise AssertionError(f"C5: CasADi differs from esmjac's Csr: {err:.3e}")
         lsb = j.plan(LaneSparseBlocks())

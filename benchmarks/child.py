@@ -14,8 +14,7 @@ import warnings
 
 import numpy as np
 
-from common import (MARK, block_pattern_from_csr, csr_of, fused_workspace, lane_err,
-    lane_values, point, time_calls)
+from common import MARK, casadi_vs_csr, fused_workspace, point, time_calls
 
 
 def main(spec_json: str) -> int:
@@ -145,26 +144,8 @@ def main(spec_json: str) -> int:
                     if cp is None:
                         res["casadi"] = {"error": buf.getvalue().strip() or "casadi not importable"}
                     else:
-                        if list(cp.model.species) != list(j.layout.states) or \
-                                list(cp.model.params) != list(j.layout.params):
-                            raise AssertionError("the CasADi peer's species/parameter order differs from esmjac's")
-                        wc = j.new_workspace()
-                        oc = np.zeros(pl["csr"].out_size(L))
-                        j.eval_into(pl["csr"], u, p, 0.0, f, oc, wc)
-                        M = csr_of(pl["csr"], oc)
-                        n = j.n_species
                         fe = f if f is not None else np.empty(0)
-                        oj = np.empty(cp.nnz * L)
-                        cp.jac(u, p, fe, oj, L)
-                        ours_pat = block_pattern_from_csr(pl["csr"], n, L)
-                        union = sorted(set(ours_pat) | set(cp.pattern))
-                        pos = {rc: q for q, rc in enumerate(cp.pattern)}
-                        A = np.zeros((len(union), L))
-                        V = oj.reshape(cp.nnz, L)
-                        for q, rc in enumerate(union):
-                            if rc in pos:
-                                A[q] = V[pos[rc]]
-                        err = lane_err(A, lane_values(M, union, L), union, n, 1e-8)
+                        err, _, oj = casadi_vs_csr(cp, j, pl["csr"], u, p, f, L)
                         if not err <= 1e-10:
                             raise AssertionError(f"CasADi differs from eval_into: {err:.3e}")
                         med, mn, k = time_calls(lambda: cp.jac(u, p, fe, oj, L), int(spec.get("calls", 50)))

@@ -411,3 +411,27 @@ class Bench:
             break
         raise RuntimeError(f"build child ({spec['mode']}) failed with rc {p.returncode}: {err}")
 
+
+
+def casadi_vs_csr(cp, j, csr_plan, u, p, f, L: int) -> tuple:
+    """``(err, M, oj)``: the max relative error of the CasADi peer ``cp``'s Jacobian against
+    esmjac's ``eval_into`` into ``csr_plan`` (a Csr plan of ``j``) at
+    (u, p, f) on ``L`` lanes, over the union of both patterns: the check
+    every CasADi route passes before it is timed. Refuses a peer whose
+    species/parameter order differs from esmjac's. ``M``: esmjac's matrix;
+    ``oj``: the peer's output buffer (reused by the timing loops)."""
+    if list(cp.model.species) != list(j.layout.states) or list(cp.model.params) != list(j.layout.params):
+        raise AssertionError("the CasADi peer's species/parameter order differs from esmjac's")
+    oc = np.zeros(csr_plan.out_size(L))
+    j.eval_into(csr_plan, u, p, 0.0, f, oc, j.new_workspace(L))
+    M = csr_of(csr_plan, oc)
+    oj = np.empty(cp.nnz * L)
+    cp.jac(u, p, f if f is not None else np.empty(0), oj, L)
+    union = sorted(set(block_pattern_from_csr(csr_plan, j.n_species, L)) | set(cp.pattern))
+    pos = {rc: q for q, rc in enumerate(cp.pattern)}
+    A = np.zeros((len(union), L))
+    V = oj.reshape(cp.nnz, L)
+    for q, rc in enumerate(union):
+        if rc in pos:
+            A[q] = V[pos[rc]]
+    return lane_err(A, lane_values(M, union, L), union, j.n_species, 1e-8), M, oj

@@ -36,9 +36,9 @@ ENGINE_OPTIONS = {
 
 @dataclass(frozen=True, eq=False)
 class Kernel:
-    """Generated source (or tapes) of one document; the module import is
-    looked up per call through the cache's in-memory memo (re-imported
-    after unpickling)."""
+    """Generated source (or tapes) of one document; the imported module is
+    memoized on the instance on first use (no cache lookup or environment
+    read per call; dropped when pickled, re-imported after)."""
 
     source: str
     key: str
@@ -55,7 +55,16 @@ class Kernel:
     def module(self):
         if self.engine == "tape":
             return None
-        return load_source(self.source, self.key)
+        mod = self.__dict__.get("_module")
+        if mod is None:
+            mod = load_source(self.source, self.key)
+            object.__setattr__(self, "_module", mod)     # a memo, not a field: frozen stays frozen
+        return mod
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_module", None)                       # modules do not pickle; re-imported on use
+        return state
 
     def listing(self) -> str:
         """Readable generated source or tape."""
