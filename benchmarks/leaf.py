@@ -221,7 +221,7 @@ def bench_300(cells, reps, out):
         r["us_per_cell_step"] = r["cpu_median"] / cells * 1e6
         r["cells_per_s"] = cells / r["cpu_median"]
     out["L2"] = {"cells": cells, "species": n, "build_s": build, "routes": rec, "ref_cells": ref_idx.tolist(),
-                 "ref_wall_s": ref_wall, "lu_slots": int(leaf._lu.nnz), "lu_flops": list(leaf._lu.flops),
+                 "ref_wall_s": ref_wall, "lu_slots": int(leaf.lu.nnz), "lu_flops": list(leaf.lu.flops),
                  "speedup_cells_per_s": rec["cvode"]["cpu_median"] / rec["leaf"]["cpu_median"]}
     return out
 

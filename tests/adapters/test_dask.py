@@ -298,7 +298,7 @@ RTOL = 1e-3
 
 def _one_process_advance(doc, u, fj, atol):
     """The oracle: the leaf in this process over every lane of the grid at once."""
-    from esmjac.adapters._leaf import rosenbrock as leaf
+    from esmjac.integrators.leaf import rosenbrock as leaf
     lf = leaf(doc, rtol=RTOL, atol=atol, threads=1)
     y = u.ravel().copy()                          # advance works in place
     st = lf.advance(y, T_SPAN[0], T_SPAN[1] - T_SPAN[0], forcing={"fj": fj})

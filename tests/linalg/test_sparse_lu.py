@@ -83,19 +83,19 @@ def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ):
     WA = CHUNK if L >= CHUNK else L
     A = np.full(tiled_size(lu.nnz, L, WA), np.nan)      # nothing may read what is not written
     bad = np.zeros(L, np.int64)
-    factor_shifted_lanes(Jt, W, A, WA, hs, gamma, lu.nnz, L, CHUNK, *lu._factor_ops(), bad)
+    factor_shifted_lanes(Jt, W, A, WA, hs, gamma, lu.nnz, L, CHUNK, *lu.factor_ops(), bad)
     assert np.all(bad == -1)
     x = b.reshape(-1).copy()
-    solve_lanes(A, x, lu.nnz, L, WA, CHUNK, *lu._solve_ops())
+    solve_lanes(A, x, lu.nnz, L, WA, CHUNK, *lu.solve_ops())
     Md = M + np.eye(lu.n)[None] / (hs * gamma)[:, None, None]
     ref = np.linalg.solve(Md, b.T[..., None])[..., 0].T
     np.testing.assert_allclose(x.reshape(b.shape), ref, rtol=1e-12, atol=1e-12)
     # separate assembly (−J, then += 1/(hγ) on the diagonal), untiled, serial
     B = -J.copy()
     B.reshape(lu.nnz, L)[lu.diag_slots] += 1.0 / (hs * gamma)
-    factor_lanes(B, lu.nnz, L, L, CHUNK, *lu._factor_ops(), bad)
+    factor_lanes(B, lu.nnz, L, L, CHUNK, *lu.factor_ops(), bad)
     y = b.reshape(-1).copy()
-    solve_lanes(B, y, lu.nnz, L, L, CHUNK, *lu._solve_ops())
+    solve_lanes(B, y, lu.nnz, L, L, CHUNK, *lu.solve_ops())
     from esmjac.layouts.types import untile
     assert np.array_equal(untile(A, lu.nnz, L, WA), B.reshape(lu.nnz, L))   # real lanes only
     assert np.array_equal(x, y)
@@ -111,10 +111,10 @@ def test_serial_narrow_tiles_match_untiled_bitwise(W):
     A = lu.pack(M)
     At = _tile(A, lu.nnz, L, W)
     bad, badt = np.zeros(L, np.int64), np.zeros(L, np.int64)
-    factor_lanes(A, lu.nnz, L, L, CHUNK, *lu._factor_ops(), bad)
-    factor_lanes(At, lu.nnz, L, W, CHUNK, *lu._factor_ops(), badt)
+    factor_lanes(A, lu.nnz, L, L, CHUNK, *lu.factor_ops(), bad)
+    factor_lanes(At, lu.nnz, L, W, CHUNK, *lu.factor_ops(), badt)
     assert np.array_equal(_tile(A, lu.nnz, L, W), At) and np.array_equal(bad, badt)
     x, xt = b.reshape(-1).copy(), b.reshape(-1).copy()
-    solve_lanes(A, x, lu.nnz, L, L, CHUNK, *lu._solve_ops())
-    solve_lanes(At, xt, lu.nnz, L, W, CHUNK, *lu._solve_ops())
+    solve_lanes(A, x, lu.nnz, L, L, CHUNK, *lu.solve_ops())
+    solve_lanes(At, xt, lu.nnz, L, W, CHUNK, *lu.solve_ops())
     assert np.array_equal(x, xt)

@@ -54,7 +54,7 @@ from ..model.expr import free_names
 from ..runtime import checks
 from ..runtime.programs import JacobianProgram, RhsProgram
 from ..runtime.workspace import lane_cells
-from ._leaf import ATOL_FRACTION, RosenbrockLeaf
+from ..integrators.leaf import ATOL_FRACTION, RosenbrockLeaf
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 
 __all__ = ["DaskModel", "model", "rhs", "jacobian", "apply", "apply_transpose", "advance", "Advanced",
@@ -822,7 +822,7 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
 
 
 class _Leaf:
-    """The per-lane Rosenbrock leaf (``esmjac.adapters._leaf``) on one thread."""
+    """The per-lane Rosenbrock leaf (:mod:`esmjac.integrators.leaf`) on one thread."""
 
     def __init__(self, b: _Built, p, method, rtol, atol, max_steps):
         self.leaf = RosenbrockLeaf(b.rhs, b.jac, b.plan(LaneSparseBlocks()), p, None, method=method,
@@ -830,12 +830,9 @@ class _Leaf:
                                    clip_negative=False, max_steps=max_steps, max_rejects=50, h0=None)
 
     def advance(self, u, t0, dt, forcing, cix):
-        L = u.size // self.leaf.n_species
-        if cix is not None:
-            # the leaf numbers its lanes from cell 0 of the grid: give it
-            # this chunk's cells, for index-dependent expressions
-            self.leaf._scratch_for(L, 1)[3][:] = cix
-        st = self.leaf.advance(u, t0, dt, forcing=forcing)
+        # the leaf numbers its lanes from cell 0 of the grid: a chunk gives
+        # it its own cells, for index-dependent expressions
+        st = self.leaf.advance(u, t0, dt, forcing=forcing, cells=cix)
         return np.stack([st.status, st.nsteps, st.naccept, st.nreject, st.t]).astype(np.float64)
 
 

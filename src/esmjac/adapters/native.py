@@ -10,7 +10,7 @@ from ..errors import JacError
 from ..layouts.types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 from ..runtime.programs import JacobianProgram, RhsProgram
-from ._leaf import LeafSolution, LeafStats, RosenbrockLeaf, rosenbrock  # noqa: F401  (the leaf, re-exported)
+from ..integrators.leaf import LeafSolution, LeafStats, RosenbrockLeaf, rosenbrock  # noqa: F401  (the leaf, re-exported)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,19 @@
-"""Stiff integrators for many independent cells sharing one sparsity pattern.
+"""The lane integrator: many independent cells sharing one sparsity pattern.
 
-:class:`SparseLaneLU` is the KPP-style straight-line sparse LU (no pivoting,
-fixed fill-in pattern) over lanes-fastest (optionally tiled) storage;
-:func:`rosenbrock` is the shared-step Rosenbrock driver for any callables;
-:class:`~esmjac.integrators.lanestep.LaneStepper` the per-lane engine behind
-the native leaf (each lane its own step size, status and statistics).
+:func:`rosenbrock` builds the native Rosenbrock leaf
+(:class:`~esmjac.integrators.leaf.RosenbrockLeaf`: lane blocks, scratch,
+worker threads; ``step="lane"`` or ``"shared"``) on
+:class:`~esmjac.integrators.lanestep.LaneStepper`, the one per-lane engine,
+with a method's :class:`~esmjac.integrators.tableaux.Tableau` and the
+KPP-style straight-line :class:`SparseLaneLU`; sensitivities (tangent-linear
+and discrete adjoint) are :mod:`esmjac.integrators.sensitivity`.
 """
 from __future__ import annotations
 
 from .lanestep import STATUS, LaneStepper
-from .rosenbrock import METHODS, RosenbrockResult, rosenbrock
+from .leaf import LeafSolution, LeafStats, RosenbrockLeaf, rosenbrock
+from .tableaux import METHODS, Tableau
 from ..linalg.sparse_lu import SparseLaneLU
 
-__all__ = ["SparseLaneLU", "rosenbrock", "RosenbrockResult", "METHODS", "LaneStepper", "STATUS"]
+__all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "METHODS", "Tableau",
+           "SparseLaneLU", "LaneStepper", "STATUS"]

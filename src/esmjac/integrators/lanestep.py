@@ -1,8 +1,7 @@
 """Per-lane Rosenbrock stepping: every lane its own step size, time and fate.
 
-The shared-step driver (:func:`esmjac.integrators.rosenbrock.rosenbrock`)
-advances all lanes with one ``h``: the stiffest cell sets the pace of the
-whole grid (NCAR MICM's known weakness). Here each lane (grid cell) carries
+A shared-step driver advances all lanes with one ``h``: the stiffest cell
+sets the pace of the whole grid (NCAR MICM's known weakness). Here each lane (grid cell) carries
 its own ``t``, ``h``, error norm, accept/reject history and status, exactly
 as if it were integrated alone (KPP's way), while the arithmetic still runs
 as unit-stride loops over many lanes at once.
@@ -47,7 +46,8 @@ import numpy as np
 from ..errors import JacError
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU, factor_shifted_lanes, solve_lanes, tiled_size
 
-__all__ = ["STATUS", "LaneStepper", "RUNNING", "lu_tile"]
+__all__ = ["STATUS", "LaneStepper", "RUNNING", "lu_tile", "gather", "assemble_w", "combine",
+           "stage_rhs", "nonzero_terms"]
 
 #: Per-lane status codes (``stats.status``) and their meaning.
 STATUS = {
@@ -438,6 +438,11 @@ def _nz(coefs) -> tuple[np.ndarray, np.ndarray]:
     return np.array(idx, dtype=np.int64), np.array([coefs[j] for j in idx], dtype=np.float64)
 
 
+# The step's kernels the sensitivities replay recorded steps with
+# (:mod:`esmjac.integrators.sensitivity`): the same arithmetic, so the same bits.
+gather, assemble_w, combine, stage_rhs, nonzero_terms = _gather, _assemble_w, _combine, _stage_rhs, _nz
+
+
 class LaneStepper:
     """Scratch and driver for one block of lanes (one per worker thread).
 
@@ -490,7 +495,7 @@ class LaneStepper:
             else:
                 self._next.append((*self.m_nz, self.Ynew, False))
         self.nf_stage = sum(1 for i in range(S) if tab.newf[i])
-        self.fops, self.sops = lu._factor_ops(), lu._solve_ops()
+        self.fops, self.sops = lu.factor_ops(), lu.solve_ops()
 
     # -- forcing ------------------------------------------------------------
     def _forcing_at(self, fcall, times, m):

@@ -586,7 +586,7 @@ class SparseLaneLU:
         self._check("A", A, tiled_size(self.nnz, L, W))
         bad = np.empty(L, np.int64)
         with single_chunk_threads(L):
-            _factor_kernel(A, L, W, CHUNK, *self._factor_ops(), bad)
+            _factor_kernel(A, L, W, CHUNK, *self.factor_ops(), bad)
         hit = np.flatnonzero(bad >= 0)
         if hit.size == 0:
             return None
@@ -608,26 +608,16 @@ class SparseLaneLU:
         self._check("A", A, tiled_size(self.nnz, L, W))
         self._check("b", b, self.n * L, A.dtype)
         with single_chunk_threads(L):
-            _solve_kernel(A, b, L, W, CHUNK, *self._solve_ops())
+            _solve_kernel(A, b, L, W, CHUNK, *self.solve_ops())
 
     # Op lists in kernel argument order (for callers that validated once and
     # run the serial ``factor_lanes``/``solve_lanes`` on their own thread).
-    def _factor_ops(self) -> tuple:
+    def factor_ops(self) -> tuple:
+        """The elimination's op arrays in ``factor_lanes``' argument order."""
         return (self.diag_slots, self._mul_ptr, self._mul_slot, self._upd_ptr,
                 self._upd_tgt, self._upd_src)
 
-    def _solve_ops(self) -> tuple:
+    def solve_ops(self) -> tuple:
+        """The triangular solves' op arrays in ``solve_lanes``' argument order."""
         return (self.diag_slots, self._fwd_ptr, self._fwd_slot, self._fwd_col,
                 self._bwd_ptr, self._bwd_slot, self._bwd_col)
-
-    # Unchecked entry points for the shared-step driver (untiled, parallel).
-    def _factor_unchecked(self, A, L):
-        bad = np.empty(L, np.int64)
-        _factor_kernel(A, L, L, CHUNK, *self._factor_ops(), bad)
-        hit = np.flatnonzero(bad >= 0)
-        if hit.size == 0:
-            return None
-        return int(hit[0]), int(bad[hit[0]])
-
-    def _solve_unchecked(self, A, b, L):
-        _solve_kernel(A, b, L, L, CHUNK, *self._solve_ops())

@@ -1,11 +1,14 @@
-"""Lane-parallel sparse LU and Rosenbrock integrator (esmjac.integrators).
+"""The lane integrator's engine (esmjac.integrators.lanestep), its methods
+(tableaux) and the sparse lane LU it factors with.
 
 The LU is checked against dense NumPy solves on random closed patterns, for
 bitwise thread-count independence, and for argument validation that happens
-before any compiled code runs. The integrator is checked on Robertson's
-stiff kinetics (lane-varying rates, with and without a permuted elimination
-order) against a tight SciPy Radau reference, and on linear and
-non-autonomous stiff problems with exact solutions.
+before any compiled code runs. The methods' coefficients are checked against
+the order conditions. The engine (:class:`LaneStepper`, per-lane and shared
+step, driven here by hand-written callables instead of compiled programs) is
+checked on Robertson's stiff kinetics (lane-varying rates, with and without a
+permuted elimination order) against a tight SciPy Radau reference, and on
+linear and non-autonomous stiff problems with exact solutions.
 """
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ from scipy.linalg import expm
 
 from esmjac.errors import JacError
 from esmjac.linalg.factorization import lu_fill, markowitz_ordering
-from esmjac.integrators import METHODS, SparseLaneLU, rosenbrock
+from esmjac.integrators import METHODS, LaneStepper, SparseLaneLU
+from esmjac.integrators.lanestep import RUNNING
+from esmjac.integrators.leaf import LeafStats
+from esmjac.integrators.tableaux import perm_arrays
 from esmjac.linalg import sparse_lu as sparse_lu_mod
 
 
@@ -236,6 +242,43 @@ def test_rodas3_transformed_coefficients_are_the_published_ones():
 
 
 # ---------------------------------------------------------------------------
+# The engine, driven by hand-written callables
+# ---------------------------------------------------------------------------
+
+def _integrate(f, jac, u0, t_span, *, n, lanes, pattern, perm=None, fields=None, fcall=None, nf=0,
+               rtol=1e-4, atol=1.0, method="rodas3", step="shared", max_steps=100000, max_rejects=50):
+    """Run one :class:`LaneStepper` block over all lanes of ``u0``.
+
+    ``f(u, fz, m, out)`` and ``jac(u, fz, m, J)`` see the first ``m`` compact
+    lanes (``fz[k*m + j]``: field ``k`` of compact lane ``j``); ``jac`` writes
+    the slots of ``pattern`` (permuted order) untiled, ``J[q*m + j]``.
+    ``fields``: constant per-lane fields (``nf*L``, lane order); ``fcall``:
+    fields as a function of the lanes' times instead. Returns (y, stats)."""
+    L = lanes
+    lu = SparseLaneLU(n, pattern)
+    p, ip = perm_arrays(perm, n)
+    nnz = lu.nnz
+
+    def rhs(u, fz, cix, m, out):
+        f(u, fz, m, out)
+
+    def jacobian(u, fz, cix, m, J):
+        J[:nnz * m] = 0.0
+        jac(u, fz, m, J)
+
+    st = LeafStats(np.full(L, RUNNING, np.int8), *(np.zeros(L, np.int64) for _ in range(5)),
+                   np.zeros(L), np.zeros(L))
+    stepper = LaneStepper(METHODS[method], lu, p, ip, nf, 0, L, None, rhs, jacobian,
+                          step == "shared", True)
+    y = np.array(u0, dtype=np.float64)
+    at = np.ascontiguousarray(np.broadcast_to(np.asarray(atol, dtype=np.float64), (n,)))
+    forcing = np.zeros(1) if fields is None else np.ascontiguousarray(fields, dtype=np.float64)
+    stepper.run(y, y, L, 0, L, float(t_span[0]), float(t_span[1]), None, forcing, fcall,
+                np.zeros(1, np.int64), at, float(rtol), max_steps, max_rejects, False, st)
+    return y, st
+
+
+# ---------------------------------------------------------------------------
 # Robertson
 # ---------------------------------------------------------------------------
 
@@ -245,13 +288,14 @@ _lane = np.arange(ROB_L)
 ROB_K1 = 0.04 * (0.5 + _lane / ROB_L)
 ROB_K2 = 3e7 * (1.5 - _lane / ROB_L)
 ROB_K3 = 1e4 * (1.0 + 0.5 * np.sin(_lane))
+ROB_RATES = np.concatenate([ROB_K1, ROB_K2, ROB_K3])     # per-lane fields k1, k2, k3
 # Natural pattern of ∂f/∂y (plus the diagonal).
 ROB_NAT = [[True, True, True], [True, True, True], [False, True, True]]
 
 
 def _robertson(perm):
-    """(f, jac, lu_pattern) with the Jacobian in the permuted order."""
-    L = ROB_L
+    """(f, jac, lu_pattern) with the Jacobian in the permuted order; the
+    rates are the lanes' fields."""
     n = 3
     ip = np.argsort(perm)
     Pp = [[ROB_NAT[perm[i]][perm[j]] for j in range(n)] for i in range(n)]
@@ -259,29 +303,31 @@ def _robertson(perm):
     pattern = tuple((i, j) for i in range(n) for j in range(n) if F[i][j])
     slot = {rc: q for q, rc in enumerate(pattern)}
 
-    def f(t, u, out):
-        y1, y2, y3 = u[:L], u[L:2 * L], u[2 * L:]
-        r1 = ROB_K1 * y1
-        r2 = ROB_K2 * y2 * y2
-        r3 = ROB_K3 * y2 * y3
-        out[:L] = -r1 + r3
-        out[L:2 * L] = r1 - r2 - r3
-        out[2 * L:] = r2
+    def f(u, fz, m, out):
+        k1, k2, k3 = fz[:m], fz[m:2 * m], fz[2 * m:3 * m]
+        y1, y2, y3 = u[:m], u[m:2 * m], u[2 * m:3 * m]
+        r1 = k1 * y1
+        r2 = k2 * y2 * y2
+        r3 = k3 * y2 * y3
+        out[:m] = -r1 + r3
+        out[m:2 * m] = r1 - r2 - r3
+        out[2 * m:3 * m] = r2
 
-    def jac(t, u, J):
-        y2, y3 = u[L:2 * L], u[2 * L:]
+    def jac(u, fz, m, J):
+        k1, k2, k3 = fz[:m], fz[m:2 * m], fz[2 * m:3 * m]
+        y2, y3 = u[m:2 * m], u[2 * m:3 * m]
 
         def put(r, c, v):                   # natural (r, c) → permuted slot
             q = slot[(ip[r], ip[c])]
-            J[q * L:(q + 1) * L] = v
+            J[q * m:(q + 1) * m] = v
 
-        put(0, 0, -ROB_K1)
-        put(0, 1, ROB_K3 * y3)
-        put(0, 2, ROB_K3 * y2)
-        put(1, 0, ROB_K1)
-        put(1, 1, -2 * ROB_K2 * y2 - ROB_K3 * y3)
-        put(1, 2, -ROB_K3 * y2)
-        put(2, 1, 2 * ROB_K2 * y2)
+        put(0, 0, -k1)
+        put(0, 1, k3 * y3)
+        put(0, 2, k3 * y2)
+        put(1, 0, k1)
+        put(1, 1, -2 * k2 * y2 - k3 * y3)
+        put(1, 2, -k3 * y2)
+        put(2, 1, 2 * k2 * y2)
 
     return f, jac, pattern
 
@@ -309,25 +355,28 @@ def robertson_reference():
     return out
 
 
-def _run_robertson(perm, rtol=1e-6, method="rodas3"):
+def _run_robertson(perm, rtol=1e-6, method="rodas3", step="shared", **kw):
     f, jac, pattern = _robertson(perm)
     u0 = np.zeros(3 * ROB_L)
     u0[:ROB_L] = 1.0
     atol = np.array([1e-3, 1e-7, 1e-3]) * rtol     # y2 lives around 1e-5
-    return rosenbrock(f, jac, u0, (0.0, ROB_T), n=3, lanes=ROB_L, lu_pattern=pattern,
-                      perm=None if perm == (0, 1, 2) else perm, rtol=rtol, atol=atol,
-                      method=method, autonomous=True)
+    return _integrate(f, jac, u0, (0.0, ROB_T), n=3, lanes=ROB_L, pattern=pattern,
+                      perm=None if perm == (0, 1, 2) else perm, fields=ROB_RATES, nf=3,
+                      rtol=rtol, atol=atol, method=method, step=step, **kw)
 
 
 @pytest.mark.parametrize("perm", [(0, 1, 2), (2, 0, 1), (1, 2, 0)])
 @pytest.mark.parametrize("method", ["rodas3", "ros3"])
-def test_robertson_matches_radau(robertson_reference, perm, method):
+@pytest.mark.parametrize("step", ["shared", "lane"])
+def test_robertson_matches_radau(robertson_reference, perm, method, step):
     rtol = 1e-6
-    r = _run_robertson(perm, rtol, method)
-    assert r.success, r.message
-    assert r.t == ROB_T
-    assert r.naccept + r.nreject == r.nsteps and r.njev == r.naccept
-    Y = r.y.reshape(3, ROB_L)
+    y, st = _run_robertson(perm, rtol, method, step)
+    assert st.success, st.message
+    assert np.all(st.t == ROB_T)
+    assert np.array_equal(st.naccept + st.nreject, st.nsteps)
+    if step == "shared":                            # lock-step: one step sequence for all lanes
+        assert np.all(st.nsteps == st.nsteps[0]) and np.all(st.naccept == st.naccept[0])
+    Y = y.reshape(3, ROB_L)
     rel = np.abs(Y - robertson_reference) / np.abs(robertson_reference)
     assert rel.max() < 30 * rtol, rel.max(axis=1)
     # Mass is conserved by every Rosenbrock step up to rounding.
@@ -337,9 +386,9 @@ def test_robertson_matches_radau(robertson_reference, perm, method):
 def test_robertson_tolerance_proportionality(robertson_reference):
     errs = []
     for rtol in (1e-4, 1e-7):
-        r = _run_robertson((0, 1, 2), rtol)
-        assert r.success
-        errs.append(np.max(np.abs(r.y.reshape(3, ROB_L) - robertson_reference) / robertson_reference))
+        y, st = _run_robertson((0, 1, 2), rtol)
+        assert st.success
+        errs.append(np.max(np.abs(y.reshape(3, ROB_L) - robertson_reference) / robertson_reference))
     assert errs[1] < errs[0] / 100
 
 
@@ -349,18 +398,20 @@ def test_robertson_deterministic_across_thread_counts(threads):
     out = []
     for k in (1, 2):
         threads(k)
-        r = _run_robertson((2, 0, 1), 1e-5)
-        out.append((r.y.copy(), r.nsteps))
-    assert out[0][1] == out[1][1] and np.array_equal(out[0][0], out[1][0])
+        y, st = _run_robertson((2, 0, 1), 1e-5)
+        out.append((y.copy(), st.nsteps.copy()))
+    assert np.array_equal(out[0][1], out[1][1]) and np.array_equal(out[0][0], out[1][0])
 
 
 # ---------------------------------------------------------------------------
 # Problems with exact solutions
 # ---------------------------------------------------------------------------
 
-def test_linear_stiff_system_matches_expm():
+@pytest.mark.parametrize("step", ["shared", "lane"])
+def test_linear_stiff_system_matches_expm(step):
     # y' = M_l y with a sparse 4×4 M_l per lane, eigenvalues from −0.5 to
-    # about −1e4: stiff, and exactly expm(M_l t) y0.
+    # about −1e4: stiff, and exactly expm(M_l t) y0. M_l's entries are the
+    # lanes' fields.
     n, L, T = 4, 8, 2.0
     rng = np.random.default_rng(3)
     nat = [(0, 0), (0, 1), (1, 1), (1, 2), (2, 0), (2, 2), (3, 1), (3, 3)]
@@ -376,93 +427,103 @@ def test_linear_stiff_system_matches_expm():
     F = lu_fill(Pp)
     pattern = tuple((i, j) for i in range(n) for j in range(n) if F[i][j])
     slot = {rc: q for q, rc in enumerate(pattern)}
+    fields = np.concatenate([Ms[:, r, c] for r, c in nat])
 
-    def f(t, u, out):
-        U = u.reshape(n, L)
-        out.reshape(n, L)[:] = np.einsum("lrc,cl->rl", Ms, U)
+    def f(u, fz, m, out):
+        out[:n * m] = 0.0
+        for k, (r, c) in enumerate(nat):
+            out[r * m:(r + 1) * m] += fz[k * m:(k + 1) * m] * u[c * m:(c + 1) * m]
 
-    def jac(t, u, J):
-        for r, c in nat:
+    def jac(u, fz, m, J):
+        for k, (r, c) in enumerate(nat):
             q = slot[(ip[r], ip[c])]
-            J[q * L:(q + 1) * L] = Ms[:, r, c]
+            J[q * m:(q + 1) * m] = fz[k * m:(k + 1) * m]
 
     y0 = rng.uniform(0.5, 1.5, (n, L))
-    r = rosenbrock(f, jac, y0.reshape(-1), (0.0, T), n=n, lanes=L, lu_pattern=pattern,
-                   perm=perm, rtol=1e-6, atol=1e-9)
-    assert r.success, r.message
+    y, st = _integrate(f, jac, y0.reshape(-1), (0.0, T), n=n, lanes=L, pattern=pattern, perm=perm,
+                       fields=fields, nf=len(nat), rtol=1e-6, atol=1e-9, step=step)
+    assert st.success, st.message
     exact = np.stack([expm(Ms[l] * T) @ y0[:, l] for l in range(L)], axis=1)
-    np.testing.assert_allclose(r.y.reshape(n, L), exact, rtol=2e-5, atol=1e-8)
+    np.testing.assert_allclose(y.reshape(n, L), exact, rtol=2e-5, atol=1e-8)
 
 
-def test_nonautonomous_stiff_forcing():
+@pytest.mark.parametrize("step", ["shared", "lane"])
+def test_nonautonomous_stiff_forcing(step):
     # y0' = −λ(y0 − sin t) + cos t  →  y0 = sin t + c0 e^{−λt}
     # y1' = −μ(y1 − cos t) − sin t  →  y1 = cos t + (c1 − 1) e^{−μt}
+    # t enters as a field set to each lane's stage time (a forcing callable).
     n, L, T = 2, 4, 3.0
     lam = np.array([10.0, 1e2, 1e3, 1e4])
     mu = lam[::-1].copy()
     c0, c1 = 0.7, 2.0
     pattern = ((0, 0), (1, 1))
 
-    def f(t, u, out):
-        out[:L] = -lam * (u[:L] - np.sin(t)) + np.cos(t)
-        out[L:] = -mu * (u[L:] - np.cos(t)) - np.sin(t)
+    def fcall(times, lanes):
+        return np.stack([times, lam[lanes], mu[lanes]])
 
-    def jac(t, u, J):
-        J[:L] = -lam
-        J[L:] = -mu
+    def f(u, fz, m, out):
+        t, la, mu_ = fz[:m], fz[m:2 * m], fz[2 * m:3 * m]
+        out[:m] = -la * (u[:m] - np.sin(t)) + np.cos(t)
+        out[m:2 * m] = -mu_ * (u[m:2 * m] - np.cos(t)) - np.sin(t)
+
+    def jac(u, fz, m, J):
+        J[:m] = -fz[m:2 * m]
+        J[m:2 * m] = -fz[2 * m:3 * m]
 
     u0 = np.concatenate([np.full(L, c0), np.full(L, c1)])
     exact = np.concatenate([np.sin(T) + c0 * np.exp(-lam * T), np.cos(T) + (c1 - 1) * np.exp(-mu * T)])
-    r = rosenbrock(f, jac, u0, (0.0, T), n=n, lanes=L, lu_pattern=pattern, rtol=1e-6, atol=1e-8)
-    assert r.success, r.message
-    np.testing.assert_allclose(r.y, exact, rtol=0, atol=2e-6)
-    assert r.nfev >= 2 * r.naccept                     # the ∂f/∂t difference costs an f call
+    y, st = _integrate(f, jac, u0, (0.0, T), n=n, lanes=L, pattern=pattern, fcall=fcall, nf=3,
+                       rtol=1e-6, atol=1e-8, step=step)
+    assert st.success, st.message
+    np.testing.assert_allclose(y, exact, rtol=0, atol=2e-6)
+    assert np.all(st.nfev >= 2 * st.naccept)          # the ∂f/∂t difference costs an f call
 
 
 # ---------------------------------------------------------------------------
-# Integrator arguments and failure reporting
+# Failure reporting
 # ---------------------------------------------------------------------------
 
-def test_rosenbrock_bad_arguments():
-    f, jac, pattern = _robertson((0, 1, 2))
-    u0 = np.r_[np.ones(ROB_L), np.zeros(2 * ROB_L)]
-    kw = dict(n=3, lanes=ROB_L, lu_pattern=pattern)
-    cases = [
-        (dict(u0=u0[:-1]), "bad_argument"),
-        (dict(perm=(0, 0, 1)), "bad_argument"),
-        (dict(atol=[1.0, 1.0]), "bad_argument"),
-        (dict(atol=0.0), "bad_argument"),
-        (dict(rtol=-1.0), "bad_argument"),
-        (dict(method="rk4"), "bad_option"),
-        (dict(t_span=(1.0, 0.0)), "bad_argument"),
-        (dict(h0=-1.0), "bad_argument"),
-        (dict(n=4), "bad_argument"),
-    ]
-    for over, code in cases:
-        args = dict(kw, u0=u0, t_span=(0.0, 1.0))
-        args.update(over)
+def test_perm_arrays_refuses_non_permutations():
+    p, ip = perm_arrays((2, 0, 1), 3)
+    assert p.tolist() == [2, 0, 1] and ip.tolist() == [1, 2, 0]
+    for bad in ((0, 0, 1), (0, 1), ("a", 1, 2)):
         with pytest.raises(JacError) as e:
-            rosenbrock(f, jac, args.pop("u0"), args.pop("t_span"), **args)
-        assert e.value.code == code, over
+            perm_arrays(bad, 3)
+        assert e.value.code == "bad_argument"
 
 
-def test_rosenbrock_reports_step_limit():
+@pytest.mark.parametrize("step", ["shared", "lane"])
+def test_reports_step_limit(step):
+    y, st = _run_robertson((0, 1, 2), 1e-4, step=step, max_steps=5)
+    assert np.all(st.status == 2) and np.all(st.nsteps == 5) and np.all(st.t < ROB_T)
+
+
+def test_non_finite_jacobian_lane_is_contained():
+    # Lane 3's Jacobian has a NaN in slot 0 on every call: its iteration
+    # matrix is never usable, so it fails as non-finite (h halves to
+    # underflow) at its initial state; per-lane steps leave every other lane
+    # bitwise as in a run where lane 3 is healthy. With one shared step no
+    # lane gets anywhere. A fourth field carries each lane's number.
     f, jac, pattern = _robertson((0, 1, 2))
-    u0 = np.r_[np.ones(ROB_L), np.zeros(2 * ROB_L)]
-    r = rosenbrock(f, jac, u0, (0.0, ROB_T), n=3, lanes=ROB_L, lu_pattern=pattern,
-                   max_steps=5, autonomous=True)
-    assert not r.success and "max_steps" in r.message and r.nsteps == 5 and r.t < ROB_T
+    fields = np.concatenate([ROB_RATES, np.arange(ROB_L, dtype=np.float64)])
 
-
-def test_rosenbrock_reports_singular_iteration_matrix():
-    f, jac, pattern = _robertson((0, 1, 2))
-
-    def bad_jac(t, u, J):
-        jac(t, u, J)
-        J[3] = np.nan                                  # slot 0, lane 3
+    def bad_jac(u, fz, m, J):
+        jac(u, fz, m, J)
+        J[np.flatnonzero(fz[3 * m:4 * m] == 3.0)] = np.nan     # slot 0 of lane 3, wherever it sits
 
     u0 = np.r_[np.ones(ROB_L), np.zeros(2 * ROB_L)]
-    r = rosenbrock(f, bad_jac, u0, (0.0, 1.0), n=3, lanes=ROB_L, lu_pattern=pattern,
-                   autonomous=True)
-    assert not r.success and "singular" in r.message and "lane 3" in r.message
-    assert r.naccept == 0 and r.ndec == 6
+    atol = np.array([1e-3, 1e-7, 1e-3]) * 1e-4
+    kw = dict(n=3, lanes=ROB_L, pattern=pattern, fields=fields, nf=4, rtol=1e-4, atol=atol,
+              max_rejects=1000)
+    ok, st0 = _integrate(f, jac, u0, (0.0, 1.0), step="lane", **kw)
+    assert st0.success
+    others = np.arange(ROB_L) != 3
+    for step in ("lane", "shared"):
+        y, st = _integrate(f, bad_jac, u0, (0.0, 1.0), step=step, **kw)
+        assert st.status[3] == 4 and st.naccept[3] == 0
+        assert np.array_equal(y.reshape(3, ROB_L)[:, 3], u0.reshape(3, ROB_L)[:, 3])
+        if step == "lane":
+            assert np.all(st.status[others] == 0)
+            assert np.array_equal(y.reshape(3, ROB_L)[:, others], ok.reshape(3, ROB_L)[:, others])
+        else:
+            assert np.all(st.status[others] != 0) and np.all(st.naccept == 0)

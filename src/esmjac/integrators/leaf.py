@@ -30,8 +30,6 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import JacError
-from ..integrators.lanestep import RUNNING, STATUS, LaneStepper
-from ..integrators.rosenbrock import METHODS, perm_arrays
 from ..layouts.types import DEFAULT_TILE, LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU
 from ..model.expr import free_names
@@ -39,8 +37,10 @@ from ..runtime import checks
 from ..runtime.programs import JacobianProgram, RhsProgram
 from ..runtime.threads import numba_threads
 from ..runtime.workspace import lane_cells
-from ._leafcalls import BoundPrograms
-from ._sensitivity import Sensitivities
+from .bound import BoundPrograms
+from .lanestep import RUNNING, STATUS, LaneStepper
+from .sensitivity import Sensitivities
+from .tableaux import METHODS, Tableau, perm_arrays
 
 __all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
            "AUTO_LANES_PER_THREAD", "BLOCK_LANES"]
@@ -210,6 +210,27 @@ class RosenbrockLeaf:
         self._lock = threading.Lock()
         self._sens: dict = {}
         self.source, self.model, self.options = None, None, None
+
+    # -- what the sensitivities read (read-only) ------------------------------
+    @property
+    def tableau(self) -> Tableau:
+        """The method's coefficients (:data:`~esmjac.integrators.tableaux.METHODS`)."""
+        return self._tab
+
+    @property
+    def lu(self) -> SparseLaneLU:
+        """The iteration matrix's straight-line sparse LU (pattern and op lists)."""
+        return self._lu
+
+    @property
+    def perm(self) -> np.ndarray:
+        """The elimination order: permuted position ``k`` is species ``perm[k]``."""
+        return self._perm
+
+    @property
+    def iperm(self) -> np.ndarray:
+        """The inverse of :attr:`perm` (species → permuted position)."""
+        return self._iperm
 
     # -- argument handling (all in Python, before compiled code) ------------
     def _params(self, p) -> np.ndarray:
@@ -412,7 +433,7 @@ class RosenbrockLeaf:
 
     # -- the host-model call ------------------------------------------------
     def advance(self, u: np.ndarray, t0: float, dt: float, forcing=None, out: np.ndarray | None = None,
-                *, h0=None) -> LeafStats:
+                *, h0=None, cells: np.ndarray | None = None) -> LeafStats:
         """Integrate every lane of ``u`` over ``[t0, t0 + dt]``.
 
         ``u``: flat float64, ``u[s*L + l]`` (species-major, lanes fastest),
@@ -426,15 +447,34 @@ class RosenbrockLeaf:
         leaf's ``forcing`` (or the document's defaults at its own cell count).
         ``h0``: starting step (a number, or per lane — e.g. the previous
         call's ``stats.h``); None: an estimate per lane.
+        ``cells``: the grid cell of each lane for index-dependent expressions,
+        1-based per cell dimension (``cells[d*L + l]``, int64, as
+        :func:`esmjac.runtime.workspace.lane_cells` makes them); None: lane
+        ``l`` is cell ``l`` of the document's grid (a chunk of a larger grid
+        passes its own cells).
 
         Returns per-lane :class:`LeafStats` (the leaf's buffers). A lane that
         fails keeps its last accepted state and is listed in
         ``stats.failed``; other lanes are unaffected. Raises
         :class:`~esmjac.errors.JacError` only for bad arguments.
         """
-        return self._advance(u, t0, dt, forcing, out, h0, None)
+        return self._advance(u, t0, dt, forcing, out, h0, None, cells)
 
-    def _advance(self, u, t0, dt, forcing, out, h0, records) -> LeafStats:
+    def _cells_arg(self, cells, L: int) -> np.ndarray:
+        """``cells`` checked (dtype, size, each index inside its dimension)
+        before compiled code reads cell values through it."""
+        shape = tuple(self.rhs_program.layout.cell_shape)
+        if not isinstance(cells, np.ndarray) or cells.dtype != np.int64 or cells.ndim != 1 \
+                or not cells.flags.c_contiguous or cells.size != len(shape) * L:
+            raise JacError("bad_argument", f"cells must be a flat C-contiguous int64 array of "
+                           f"{len(shape)} x {L} cell indices (cells[d*L + l], 1-based)")
+        for d, nd in enumerate(shape):
+            c = cells[d * L:(d + 1) * L]
+            if c.size and (int(c.min()) < 1 or int(c.max()) > nd):
+                raise JacError("bad_argument", f"cells of dimension {d} must lie in 1..{nd}")
+        return cells
+
+    def _advance(self, u, t0, dt, forcing, out, h0, records, cells=None) -> LeafStats:
         self._check_state("u", u, out is None)
         L = self.lanes_of(u)
         if out is None:
@@ -458,6 +498,8 @@ class RosenbrockLeaf:
         nth = _thread_count(self.threads, L)
         with self._lock:
             blocks, steppers, stats, cix, fbuf = self._scratch_for(L, nth)
+            if cells is not None:
+                cix = self._cells_arg(cells, L)
             fz, fcall = self._forcing_arg(forcing, L, fbuf)
             if self.time_field is not None:
                 if records is not None:

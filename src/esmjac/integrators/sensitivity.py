@@ -35,13 +35,13 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from ..integrators import lanestep as LS
+from . import lanestep as LS
 from ..layouts.types import LaneBlocks, LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes, solve_transpose_lanes
 from ..runtime.kernels import lane_apply
 from ..runtime.programs import JacobianProgram
 from ..runtime.second import second_order
-from ._leafcalls import BoundPrograms, bind_kernel
+from .bound import BoundPrograms, bind_kernel
 
 __all__ = ["Sensitivities"]
 
@@ -278,7 +278,7 @@ class Sensitivities:
             self.nl = int(self.jp.meta["n_lane_cols"])
         self.bound = BoundPrograms(leaf, leaf.p, 0.0, 1, self.plan)
         self._ws: dict = {}
-        tab = leaf._tab
+        tab = leaf.tableau
         pts, cur = [], 0
         for i in range(tab.stages):               # stage i's f argument: that of stage _point[i]
             if i == 0 or tab.newf[i]:
@@ -292,7 +292,7 @@ class Sensitivities:
         if sc is None:
             if len(self._ws) > 32:                 # lane counts vary call to call: keep a few
                 self._ws.clear()
-            n, S = self.leaf.n_species, self.leaf._tab.stages
+            n, S = self.leaf.n_species, self.leaf.tableau.stages
             sc = {"ws": self.jac.new_workspace(m), "Jp": np.zeros(self.plan.out_size(m)),
                   "K": np.zeros((S, n * m)), "Ys": np.zeros((S, n * m)), "F": np.zeros(n * m),
                   "Fs": np.zeros(n * m), "J": np.zeros(self.plan.out_size(m)), "W": np.zeros(self.plan.out_size(m)),
@@ -307,14 +307,14 @@ class Sensitivities:
 
     def _forward_stages(self, y, hs, fz, cix, m, sc, second: bool = True):
         """Recompute one step's stages (exactly the forward's arithmetic)."""
-        leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
+        leaf, tab, lu = self.leaf, self.leaf.tableau, self.leaf.lu
         n = leaf.n_species
         b = self.bound
         K, Ys, F, Fs = sc["K"], sc["Ys"], sc["F"], sc["Fs"]
         b.rhs(y, fz, cix, m, F)
         b.jac(y, fz, cix, m, sc["J"])
-        LS._assemble_w(sc["J"], sc["W"], lu.diag_slots, hs, tab.gamma, m, m, lu.nnz)
-        factor_lanes(sc["W"], lu.nnz, m, m, CHUNK, *lu._factor_ops(), sc["bad"])
+        LS.assemble_w(sc["J"], sc["W"], lu.diag_slots, hs, tab.gamma, m, m, lu.nnz)
+        factor_lanes(sc["W"], lu.nnz, m, m, CHUNK, *lu.factor_ops(), sc["bad"])
         if np.any(sc["bad"][:m] >= 0):
             raise JacError("evaluation_error", "singular iteration matrix while replaying a recorded step")
         if cix.size == len(leaf.rhs_program.layout.cell_shape) * m and cix.size:
@@ -326,15 +326,15 @@ class Sensitivities:
         for i in range(tab.stages):
             if i > 0:
                 if tab.newf[i]:
-                    ai, av = LS._nz(tab.a[i])
-                    LS._combine(y, K, ai, av, leaf._perm, m, Ys[i])
+                    ai, av = LS.nonzero_terms(tab.a[i])
+                    LS.combine(y, K, ai, av, leaf.perm, m, Ys[i])
                     b.rhs(Ys[i], fz, cix, m, Fs)
                     Fi = Fs
                 else:
                     Ys[i, :n * m] = Ys[i - 1, :n * m]
-            ci, cv = LS._nz(tab.c[i])
-            LS._stage_rhs(Fi, K, i, ci, cv, hs, 0.0, sc["F"], leaf._perm, m, sc["ch"])
-            solve_lanes(sc["W"], K[i], lu.nnz, m, m, CHUNK, *lu._solve_ops())
+            ci, cv = LS.nonzero_terms(tab.c[i])
+            LS.stage_rhs(Fi, K, i, ci, cv, hs, 0.0, sc["F"], leaf.perm, m, sc["ch"])
+            solve_lanes(sc["W"], K[i], lu.nnz, m, m, CHUNK, *lu.solve_ops())
         if not second:
             return
         self.sec.eval(y, leaf.p, fz, cix, m, sc["D"])
@@ -357,9 +357,9 @@ class Sensitivities:
         """Build-time index arrays of the fused adjoint (once per Sensitivities):
         the LU slots' permuted (row, col), the tableau as dense arrays, the
         distinct stage points, and the second-order fields in permuted order."""
-        leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
+        leaf, tab, lu = self.leaf, self.leaf.tableau, self.leaf.lu
         S = tab.stages
-        iperm = leaf._iperm
+        iperm = leaf.iperm
         pts = sorted(set(self._point))
         A = np.zeros((S, S))
         C = np.zeros((S, S))
@@ -373,8 +373,8 @@ class Sensitivities:
               "A": A, "C": C, "mv": np.array(tab.m, dtype=np.float64),
               "pr": np.ascontiguousarray(pat[:, 0]), "pc": np.ascontiguousarray(pat[:, 1]),
               "h_site": iperm[sec.site],
-              "a_nz": tuple(LS._nz(tab.a[i]) for i in range(S)),
-              "c_nz": tuple(LS._nz(tab.c[i]) for i in range(S))}
+              "a_nz": tuple(LS.nonzero_terms(tab.a[i]) for i in range(S)),
+              "c_nz": tuple(LS.nonzero_terms(tab.c[i]) for i in range(S))}
         # (u-row, k-column) pairs of the second-order terms, permuted; each field names its pair
         pairs = list(zip(iperm[sec.row].tolist(), iperm[sec.pcol].tolist()))
         if self.jp is not None:
@@ -406,7 +406,7 @@ class Sensitivities:
         if sc is not None:
             return sc
         self._ws = {k: v for k, v in self._ws.items() if not isinstance(k, tuple)}
-        n, S, nnz = self.leaf.n_species, self.leaf._tab.stages, self.leaf._lu.nnz
+        n, S, nnz = self.leaf.n_species, self.leaf.tableau.stages, self.leaf.lu.nnz
         npt = len(self._ad["pts"])
         sc = {"K": np.zeros((S, n * C)), "Ys": np.zeros((S, n * C)), "F": np.zeros(n * C),
               "Fs": np.zeros(n * C), "JP": np.zeros((npt, nnz * C)), "W": np.zeros(nnz * C),
@@ -434,12 +434,12 @@ class Sensitivities:
         once at the end (unit-stride loops instead of a reduction per call)."""
         if not records:
             return
-        leaf, tab, lu = self.leaf, self.leaf._tab, self.leaf._lu
+        leaf, tab, lu = self.leaf, self.leaf.tableau, self.leaf.lu
         if getattr(self, "_ad", None) is None:
             self._ad = self._adjoint_setup()
         ad = self._ad
         n, S, nnz = leaf.n_species, tab.stages, lu.nnz
-        perm = leaf._perm
+        perm = leaf.perm
         nfz = len(leaf.forcing_names)
         ncd = cix_full.size // L if L else 0
         C = max(r[0].size for r in records)
@@ -447,7 +447,7 @@ class Sensitivities:
         K, Ys, F, Fs, JP, Wm = sc["K"], sc["Ys"], sc["F"], sc["Fs"], sc["JP"], sc["W"]
         b = self.bound
         jp = self.jp
-        fops, sops = lu._factor_ops(), lu._solve_ops()
+        fops, sops = lu.factor_ops(), lu.solve_ops()
         fzb = np.zeros(max(nfz * C, 1))
         cxb = np.zeros(max(ncd * C, 1), np.int64)
         if jp is not None:
@@ -469,14 +469,14 @@ class Sensitivities:
             h = sc["h"][:m]
             h[:] = hs
             if nfz:
-                LS._gather(fz_full, L, lanes, nfz, m, fzb)
+                LS.gather(fz_full, L, lanes, nfz, m, fzb)
             if ncd:
-                LS._gather(cix_full, L, lanes, ncd, m, cxb)
+                LS.gather(cix_full, L, lanes, ncd, m, cxb)
             fz, cix = fzb, cxb
             # replay: exactly the forward's arithmetic (same kernels, same order)
             b.rhs(y, fz, cix, m, F)
             b.jac(y, fz, cix, m, JP[0])
-            LS._assemble_w(JP[0], Wm, lu.diag_slots, h, tab.gamma, m, m, nnz)
+            LS.assemble_w(JP[0], Wm, lu.diag_slots, h, tab.gamma, m, m, nnz)
             factor_lanes(Wm, nnz, m, m, CHUNK, *fops, sc["bad"])
             if np.any(sc["bad"][:m] >= 0):
                 raise JacError("evaluation_error", "singular iteration matrix while replaying a recorded step")
@@ -485,12 +485,12 @@ class Sensitivities:
             for i in range(S):
                 if i > 0:
                     if tab.newf[i]:
-                        LS._combine(y, K, *ad["a_nz"][i], perm, m, Ys[i])
+                        LS.combine(y, K, *ad["a_nz"][i], perm, m, Ys[i])
                         b.rhs(Ys[i], fz, cix, m, Fs)
                         Fi = Fs
                     else:
                         Ys[i, :N] = Ys[i - 1, :N]
-                LS._stage_rhs(Fi, K, i, *ad["c_nz"][i], h, 0.0, F, perm, m, sc["ch"])
+                LS.stage_rhs(Fi, K, i, *ad["c_nz"][i], h, 0.0, F, perm, m, sc["ch"])
                 solve_lanes(Wm, K[i], nnz, m, m, CHUNK, *sops)
             for k, pt in enumerate(ad["pts"][1:], 1):
                 b.jac(Ys[pt], fz, cix, m, JP[k])
@@ -538,16 +538,16 @@ class Sensitivities:
         if p is not None:
             self.bound = BoundPrograms(leaf, np.ascontiguousarray(p, dtype=np.float64), 0.0, 1, self.plan)
         try:
-            tab = leaf._tab
+            tab = leaf.tableau
             for lanes, _, hs in records:
                 k = lanes.size
                 ys = y.reshape(n, L)[:, lanes]
                 m, k, yc, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)
                 sc = self._scratch(m)
                 self._forward_stages(yc, h, fz, cix, m, sc, second=False)
-                mi, mv = LS._nz(tab.m)
+                mi, mv = LS.nonzero_terms(tab.m)
                 out = np.empty(n * m)
-                LS._combine(yc, sc["K"], mi, mv, leaf._perm, m, out)
+                LS.combine(yc, sc["K"], mi, mv, leaf.perm, m, out)
                 y.reshape(n, L)[:, lanes] = out.reshape(n, m)[:, :k]
         finally:
             self.bound = saved
@@ -556,11 +556,11 @@ class Sensitivities:
     def tangent(self, records, dy, dp, fz_full, cix_full, L):
         """dy ← δy(t0 + dt) in place given δy(t0) = dy and the parameter
         direction ``dp`` (parameter column space at L lanes, or None)."""
-        leaf, tab = self.leaf, self.leaf._tab
+        leaf, tab = self.leaf, self.leaf.tableau
         n = leaf.n_species
-        perm = leaf._perm
+        perm = leaf.perm
         S = tab.stages
-        lu = leaf._lu
+        lu = leaf.lu
         for lanes, ys, hs in records:
             m, k, y, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)
             sc = self._scratch(m)
@@ -608,7 +608,7 @@ class Sensitivities:
                     c = tab.c[i][j]
                     if c != 0.0:
                         rp += (c / hh) * dk[j]
-                solve_lanes(sc["W"], rp, lu.nnz, m, m, CHUNK, *lu._solve_ops())
+                solve_lanes(sc["W"], rp, lu.nnz, m, m, CHUNK, *lu.solve_ops())
                 dk[i] = rp
                 if tab.m[i] != 0.0:
                     dkn = np.empty(n * m)

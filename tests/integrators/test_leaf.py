@@ -1,4 +1,4 @@
-"""The native Rosenbrock leaf (esmjac.adapters.native.rosenbrock).
+"""The native Rosenbrock leaf (esmjac.integrators.leaf; kind "native.rosenbrock").
 
 Oracles: SciPy's Radau at rtol 1e-10 on the same right-hand side (the RHS
 itself is checked against earthsci-ast in tests/runtime); bitwise equality
@@ -228,7 +228,7 @@ def test_lane_blocks_and_lu_tiles_do_not_change_a_bit(monkeypatch):
     # 7 blocks of 96 lanes, run one after the other or on two threads) vs one
     # block; tiled default vs tile=None. Oracle: the untiled single-block
     # leaf's bits (itself checked against Radau above) and its per-lane stats.
-    from esmjac.adapters import _leaf
+    from esmjac.integrators import leaf as _leaf
     L = 600
     doc = lift(json.loads(TROPO12.read_text()), L)
     ref = rosenbrock(doc, rtol=1e-4, threads=1, tile=None)
@@ -410,3 +410,23 @@ def test_tangent_linear_agrees_with_adjoint_and_fd(sens_case):
     with pytest.raises(JacError) as e:
         lf.gradient(u, 0.0, 300.0, w, forcing=lambda t, lanes: np.ones((1, lanes.size)))
     assert e.value.code == "bad_option"
+
+
+def test_cells_are_checked_before_compiled_code(doc8, leaf):
+    # A chunk of a larger grid passes its lanes' cells; they are checked in
+    # Python (dtype, size, each index inside its dimension). Oracle: the
+    # default map, passed explicitly, gives the bits of cells=None.
+    from esmjac.runtime.workspace import lane_cells
+    shape = tuple(leaf.rhs_program.layout.cell_shape)
+    u, fj = _grid(leaf, 8, 3)
+    v0, v1 = u.copy(), u.copy()
+    leaf.advance(v0, 0.0, DT, forcing=fj)
+    leaf.advance(v1, 0.0, DT, forcing=fj, cells=lane_cells(shape, 8))
+    assert np.array_equal(v0, v1)
+    good = lane_cells(shape, 8)
+    too_big = good.copy()
+    too_big[-1] = (shape[-1] if shape else 1) + 1
+    for cells in (good.astype(np.int32), good[:-1], np.zeros_like(good), too_big, list(good)):
+        with pytest.raises(JacError) as e:
+            leaf.advance(u.copy(), 0.0, DT, forcing=fj, cells=cells)
+        assert e.value.code == "bad_argument"
