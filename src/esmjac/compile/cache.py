@@ -18,10 +18,15 @@ Nothing read back from the cache folder is trusted:
   copied-over entry is a logged cache miss followed by a rebuild, never an
   error that persists. Generated source is never stored in a product: the
   caller regenerates it (cheap) from the decoded evaluation document.
-* **The key** (:func:`document_key`) covers every file a document pulls in
-  (``ref`` mounts, subsystems, template and coupling libraries, found by
-  walking the JSON), the esmjac and Numba versions, and a hash of the whole
-  esmjac source folder (:func:`code_version`).
+* **Keys are what the content depends on.** A product's key
+  (:func:`document_key`) covers every file a document pulls in (``ref``
+  mounts, subsystems, template and coupling libraries, found by walking the
+  JSON), the options, the esmjac, Numba, NumPy and earthsci-ast versions, and
+  a hash of the modules that compute products (:data:`PRODUCT_CODE`,
+  :func:`code_version`). A kernel module's key (:func:`kernel_key`) is its
+  generated source, :data:`KERNEL_FORMAT`, the Numba/NumPy versions and the
+  few modules it runs with (:data:`KERNEL_CODE`): an edit of the CLI, an
+  adapter or a docstring in the calculus recompiles no kernel.
 
 What stays trusted: Numba's own cache files (``cache=True`` writes pickled
 index files beside each kernel module). They are read only from a cache
@@ -65,7 +70,7 @@ from ..errors import JacError
 from ..model.deep import run_deep
 from ..model.expr import Node, _FDict, iter_children, node
 
-__all__ = ["cache_dir", "content_hash", "load_source", "code_version", "document_key",
+__all__ = ["cache_dir", "content_hash", "kernel_key", "load_source", "code_version", "document_key",
            "grid_free_key", "dependency_files", "store_product", "load_product", "read_product", "discard_product",
            "StoredProduct", "numba_cache_failure",
            "purge_numba_cache"]
@@ -73,7 +78,7 @@ __all__ = ["cache_dir", "content_hash", "load_source", "code_version", "document
 log = logging.getLogger("esmjac.cache")
 
 _LOCK = threading.RLock()     # module loading, folder set-up and product files
-_CODE: list = []
+_CODE: list = []              # (files, hash) of _code_hash, memoized
 _LOADED: dict = {}            # (cache folder, module name) → fully executed module
 _PRIVATE: list = []           # this process's private fallback folder (created lazily)
 _WARNED: set = set()
@@ -160,29 +165,88 @@ def kernel_dir() -> Path:
 
 # ------------------------------------------------------------------ hashes
 
-def code_version() -> str:
-    """Hash of every file of the installed esmjac source folder (``.py`` and
-    bundled data; compiled bytecode excluded): a build cached by any other
-    esmjac, even an unreleased edit, is never reused."""
-    if not _CODE:
-        h = hashlib.sha256()
-        root = Path(__file__).resolve().parent.parent
-        for p in sorted(root.rglob("*")):
-            if not p.is_file() or "__pycache__" in p.parts or p.suffix in (".pyc", ".pyo"):
+#: Bump when what a kernel module or tape *means* changes beyond its text
+#: (e.g. how the loader imports it, or the tape's instruction encoding as
+#: written in digests): every kernel key changes with it.
+KERNEL_FORMAT = 1
+
+#: esmjac files a compiled kernel depends on beyond its own text: generated
+#: modules import ``stack_empty`` (Numba inlines it into each kernel's cache
+#: entry, which Numba keys by the kernel file alone), and tapes mean what the
+#: interpreter in ``tape.py`` does with them.
+KERNEL_CODE = ("compile/stackbuf.py", "compile/tape.py")
+
+#: esmjac files a stored build product is computed by: every module
+#: ``runtime/programs.py`` and ``runtime/stored.py`` import, directly or not
+#: (a test checks this list against the import graph). An edit of anything
+#: else (the CLI, adapters, integrators, plugins, docs) keeps every product.
+PRODUCT_CODE = ("_frozen.py", "_version.py", "errors.py", "limits.py",
+                "model", "calculus", "compile", "layouts", "linalg", "runtime")
+
+_ROOT = Path(__file__).resolve().parent.parent      # the esmjac package folder
+
+
+def _code_hash(rels: tuple) -> str:
+    """SHA-256 (24 hex digits) over the ``.py`` files at ``rels`` (files or
+    folders relative to the esmjac package, folders recursively), each with
+    its relative path; memoized per process (the installed source does not
+    change under a running process)."""
+    for k, v in _CODE:
+        if k == rels:
+            return v
+    h = hashlib.sha256()
+    for rel in rels:
+        p = _ROOT / rel
+        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        for f in files:
+            if "__pycache__" in f.parts:
                 continue
-            h.update(p.relative_to(root).as_posix().encode() + b"\0")
-            h.update(p.read_bytes())
+            h.update(f.relative_to(_ROOT).as_posix().encode() + b"\0")
+            h.update(f.read_bytes())
             h.update(b"\0")
-        _CODE.append(h.hexdigest()[:24])
-    return _CODE[0]
+    v = h.hexdigest()[:24]
+    _CODE.append((rels, v))
+    return v
+
+
+def code_version() -> str:
+    """Hash of the esmjac modules that compute a build product
+    (:data:`PRODUCT_CODE`): a product stored by an esmjac whose calculus,
+    compiler or runtime differs, even by an unreleased edit, is never reused;
+    an edit elsewhere reuses it."""
+    return _code_hash(PRODUCT_CODE)
+
+
+def _dep_versions() -> tuple:
+    """Versions of the libraries a product or kernel is computed with."""
+    import numba
+
+    try:
+        from earthsci_ast import __version__ as ast_version
+    except ImportError:          # pragma: no cover - earthsci-ast is a dependency
+        ast_version = "none"
+    return numba.__version__, np.__version__, str(ast_version)
 
 
 def content_hash(*parts: str) -> str:
-    """SHA-256 over ``parts`` and the esmjac/Numba/code versions."""
-    import numba
-
+    """A build product's key: SHA-256 over ``parts``, the esmjac version,
+    the versions of Numba, NumPy and earthsci-ast, and the hash of the
+    modules that compute products (:func:`code_version`)."""
     h = hashlib.sha256()
-    for s in (__version__, numba.__version__, code_version(), *parts):
+    for s in (__version__, *_dep_versions(), code_version(), *parts):
+        h.update(s.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def kernel_key(*parts: str) -> str:
+    """A compiled kernel's key: SHA-256 over ``parts`` (a generated module's
+    source, which names the esmjac version in its header, or a tape's
+    digest), :data:`KERNEL_FORMAT`, the Numba and NumPy versions and the hash
+    of :data:`KERNEL_CODE` — and nothing else of esmjac's source, so an
+    unrelated edit reuses every compiled kernel."""
+    h = hashlib.sha256()
+    for s in ("kernel", str(KERNEL_FORMAT), *_dep_versions()[:2], _code_hash(KERNEL_CODE), *parts):
         h.update(s.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -402,7 +466,7 @@ def load_source(source: str, key: str | None = None):
     The file on disk must equal ``source`` byte for byte (else it is
     rewritten); the module enters ``sys.modules`` only after it has fully
     executed (Numba's cache needs it there before the first call compiles)."""
-    key = key or content_hash(source)
+    key = key or kernel_key(source)
     modname = f"esmjac_k{key[:40]}"
     memo = (os.environ.get("ESMJAC_CACHE_DIR"), modname)
     mod = _LOADED.get(memo)

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import JacError
 from ..model.deep import run_deep
 from ..model.expr import Node, iter_children
-from .cache import content_hash, load_source, recover_numba_cache
+from .cache import kernel_key, load_source, recover_numba_cache
 from .codegen import generate, tape_program, tile_scratch
 from .tape import retarget, run_tape
 
@@ -193,7 +193,7 @@ def tape_key(pro, body) -> str:
     """Content hash of a tape kernel: instructions, constants and register
     counts of both tapes (two models that differ only in a rate constant
     get different keys)."""
-    return content_hash("tape", *pro.digest_parts(), *body.digest_parts())
+    return kernel_key("tape", *pro.digest_parts(), *body.digest_parts())
 
 
 def tape_kernel(pro, body, n_hoist: int) -> Kernel:
@@ -218,6 +218,6 @@ def compile_doc(doc, opts: dict, **generate_kw) -> Kernel:
         pro, body, nh = run_deep(tape_program, doc)
         return tape_kernel(pro, body, nh)
     g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]), **generate_kw)
-    return Kernel(g.source, content_hash(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
+    return Kernel(g.source, kernel_key(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
                   counts_nonfinite=bool(g.counts_nonfinite), tile_scratch=int(g.tile_scratch),
                   tile_scratch_width=int(generate_kw.get("tile") or 0))
