@@ -70,6 +70,7 @@ def _chunk_costs(doc, u, fj, dt: float) -> dict:
     """CPU seconds per cell of one chunk through the adapter's own block
     tasks (the code a worker runs), verified against one process."""
     from esmjac.adapters import dask as ad
+    from esmjac.adapters.dask import _advance as ada, _maps as adm
     from esmjac.layouts.types import LaneSparseBlocks
     m = ad.model(doc, cells=u.shape[1])
     spec, w = m.spec, u.shape[1]
@@ -78,12 +79,12 @@ def _chunk_costs(doc, u, fj, dt: float) -> dict:
     v = np.ones_like(u)
     lay = LaneSparseBlocks()
     fns = {
-        "rhs": lambda: ad._rhs_block(u, f, spec, m.p0, 0.0, 1, block_info=bi),
-        "jacobian": lambda: ad._jac_block(u, f, spec, lay, m.p0, 0.0, 1, block_info=bi),
-        "apply": lambda: ad._apply_block(u, v, f, spec, m.p0, 0.0, 1, False, block_info=bi),
+        "rhs": lambda: adm._rhs_block(u, f, spec, m.p0, 0.0, 1, block_info=bi),
+        "jacobian": lambda: adm._jac_block(u, f, spec, lay, m.p0, 0.0, 1, block_info=bi),
+        "apply": lambda: adm._apply_block(u, v, f, spec, m.p0, 0.0, 1, False, block_info=bi),
     }
-    atol = ad._default_atol(spec.document(), None, m.species)
-    fns["advance"] = lambda: ad._advance_block(u, f, spec, m.p0, 0.0, dt, "rodas3", 1e-3, atol,
+    atol = ada._default_atol(spec.document(), None, m.species)
+    fns["advance"] = lambda: ada._advance_block(u, f, spec, m.p0, 0.0, dt, "rodas3", 1e-3, atol,
                                                100000, 1, block_info=bi)
     # verify the block route against one process before timing
     from esmjac.runtime.programs import RhsProgram
@@ -112,15 +113,16 @@ def m300(cells: int, dt: float) -> dict:
     r = RhsProgram.build(doc)
     u = (r.u0 * rng.uniform(0.5, 1.5, r.u0.size)).reshape(r.n_species, cells)
     from esmjac.adapters import dask as ad
+    from esmjac.adapters.dask import _advance as ada, _maps as adm
     from esmjac.layouts.types import LaneSparseBlocks
     m = ad.model(doc)
     spec = m.spec
     bi = {None: {"array-location": [(0, 300), (0, cells)]}}
     lay = LaneSparseBlocks()
-    fns = {"rhs": lambda: ad._no_forcing(ad._rhs_block)(u, spec, m.p0, 0.0, 1, block_info=bi),
-           "jacobian": lambda: ad._no_forcing(ad._jac_block)(u, spec, lay, m.p0, 0.0, 1, block_info=bi)}
-    atol = ad._default_atol(spec.document(), None, m.species)
-    fns["advance"] = lambda: ad._no_forcing(ad._advance_block)(u, spec, m.p0, 0.0, dt, "rodas3", 1e-3,
+    fns = {"rhs": lambda: adm._no_forcing(adm._rhs_block)(u, spec, m.p0, 0.0, 1, block_info=bi),
+           "jacobian": lambda: adm._no_forcing(adm._jac_block)(u, spec, lay, m.p0, 0.0, 1, block_info=bi)}
+    atol = ada._default_atol(spec.document(), None, m.species)
+    fns["advance"] = lambda: adm._no_forcing(ada._advance_block)(u, spec, m.p0, 0.0, dt, "rodas3", 1e-3,
                                                                atol, 100000, 1, block_info=bi)
     ref = r.eval_into(np.ascontiguousarray(u.ravel()), r.p0, 0.0, None, np.empty(u.size))
     assert np.array_equal(fns["rhs"]().ravel(), ref), "rhs block differs from one process"

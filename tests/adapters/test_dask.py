@@ -27,6 +27,7 @@ import dask.array as da  # noqa: E402
 
 from esmjac import JacobianProgram, LaneBlocks, LaneSparseBlocks, RhsProgram  # noqa: E402
 from esmjac.adapters import dask as ad  # noqa: E402
+from esmjac.adapters.dask import _advance as ad_advance, _spec as ad_spec  # noqa: E402
 from esmjac.layouts.types import untile  # noqa: E402
 from esmjac.errors import JacError  # noqa: E402
 from esmjac.models.gridded import diffusion_model, gridded_tropo12  # noqa: E402
@@ -203,7 +204,7 @@ def test_cold_process_builds_once_under_concurrent_tasks(case):
 
     def task():
         barrier.wait()
-        got.append(ad._built(cold))
+        got.append(ad_spec._built(cold))
 
     ts = [threading.Thread(target=task) for _ in range(6)]
     for t in ts:
@@ -220,9 +221,9 @@ def test_one_workspace_per_thread_reused(case):
     F = {"fj": da.from_array(case["fj"], chunks=60)}
     with dask.config.set(scheduler="synchronous"):
         ad.jacobian(case["doc"], U, forcing=F).compute()
-        before = {k: id(v) for k, v in ad._TLS.ws.items()}
+        before = {k: id(v) for k, v in ad_spec._TLS.ws.items()}
         ad.jacobian(case["doc"], U, forcing=F).compute()
-        after = {k: id(v) for k, v in ad._TLS.ws.items()}
+        after = {k: id(v) for k, v in ad_spec._TLS.ws.items()}
     assert before and before == after
 
 
@@ -310,7 +311,7 @@ def adv_case(case):
     doc, _, _ = gridded_tropo12(NA)
     u = np.ascontiguousarray(case["u"][:, :NA])
     fj = case["fj"][:NA].copy()
-    atol = ad._default_atol(doc, None, case["species"])
+    atol = ad_advance._default_atol(doc, None, case["species"])
     y, status = _one_process_advance(doc, u, fj, atol)
     assert not status.any()
     return dict(doc=doc, u=u, fj=fj, atol=atol, y=y)
