@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP_BASE := $(VENV)/.esmjac-base
 STAMP_TEST := $(VENV)/.esmjac-test
 
-.PHONY: demo test docs goldens bench clean
+.PHONY: demo test check clean-cache docs goldens bench clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -35,10 +35,25 @@ $(STAMP_TEST): pyproject.toml | $(VPY) sundials-sys
 demo: $(STAMP_BASE)
 	OPENBLAS_NUM_THREADS=1 $(VPY) -m esmjac demo
 
-# Layer contracts first (pyproject [tool.importlinter]), then the tests.
+# The tests' own cache (never the user's ~/.cache/esmjac): kept between runs,
+# so a second run is warm; keys follow content, so a stale entry is never
+# reused. `make clean-cache` (or `make clean`) empties it: `make clean-cache
+# test` is a cold run, as CI's.
+TEST_CACHE := $(CURDIR)/.esmjac-cache/tests
+PYTEST := ESMJAC_CACHE_DIR=$(TEST_CACHE) $(VPY) -m pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15
+
+# Layer contracts first (pyproject [tool.importlinter]), then every test,
+# the 15 slowest named.
 test: $(STAMP_TEST)
 	$(VENV)/bin/lint-imports
-	$(VPY) -m pytest -q -n auto --maxprocesses=4 --dist loadfile
+	$(PYTEST)
+
+# The fast loop: no child processes, corpus, peers or docs build.
+check: $(STAMP_TEST)
+	$(PYTEST) -m "not slow"
+
+clean-cache:
+	rm -rf $(TEST_CACHE)
 
 # The documentation (the tests build it too, warnings as errors).
 docs: $(STAMP_TEST)
@@ -52,4 +67,4 @@ bench: $(STAMP_TEST)
 	$(VPY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build
+	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build .esmjac-cache

@@ -16,9 +16,13 @@ _PRELUDE = "import json, sys, warnings\nwarnings.simplefilter('ignore')\n"
 
 def start_child(code: str, cache: str | os.PathLike, env: dict | None = None) -> subprocess.Popen:
     """Start ``code`` in a child with ``ESMJAC_CACHE_DIR=cache``; the child
-    reports by printing one JSON line prefixed ``RESULT``."""
+    reports by printing one JSON line prefixed ``RESULT``. An inherited
+    ``NUMBA_CACHE_DIR`` is dropped (unless ``env`` names it): children see
+    the layout a user gets, Numba's files beside the kernel modules."""
     from .paths import ROOT
     e = dict(os.environ, ESMJAC_CACHE_DIR=str(cache), **(env or {}))
+    if "NUMBA_CACHE_DIR" not in (env or {}):
+        e.pop("NUMBA_CACHE_DIR", None)
     return subprocess.Popen([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], env=e, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
