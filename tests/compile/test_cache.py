@@ -414,3 +414,27 @@ def test_a_stored_build_round_trips_through_json(tmp_path, monkeypatch, engine):
     for k, v in a.meta.items():
         assert np.array_equal(np.asarray(v), np.asarray(b.meta[k])), k
     assert np.array_equal(a.u0, b.u0) and np.array_equal(a.p0, b.p0)
+
+
+# ---------------------------------------------------------------- forgery (issue #21)
+
+def test_a_forged_pyc_beside_a_kernel_never_runs(case, tmp_path):
+    """Item 3 of #21: a ``__pycache__/k….pyc`` holding the kernel plus a
+    command, stamped with the real ``.py``'s mtime and size (what an import
+    would accept), is never executed: kernels run from the verified source."""
+    import importlib._bootstrap_external as be
+    import sys
+    path, _, cache = case
+    marker = tmp_path / "pwned"
+    kernels = sorted(cache.glob("k*.py"))
+    assert kernels
+    for k in kernels:
+        src = k.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n"
+        code = compile(src, str(k), "exec")
+        st = k.stat()
+        pyc = cache / "__pycache__" / f"{k.stem}.{sys.implementation.cache_tag}.pyc"
+        pyc.parent.mkdir(exist_ok=True)
+        pyc.write_bytes(bytes(be._code_to_timestamp_pyc(code, int(st.st_mtime), st.st_size)))
+    r = _eval(path, cache)
+    assert not marker.exists()
+    assert np.allclose(r["J"], _hand(0.3, 2.0), rtol=1e-14, atol=0)

@@ -5,8 +5,10 @@ Nothing read back from the cache folder is trusted:
 
 * **Kernel modules** ``k<hash>.py``: the key is the content hash of the
   generated source, which the caller always holds in memory; the file on
-  disk is compared with it byte for byte before it is imported, and
-  rewritten when it differs (a logged cache miss). A module is registered in
+  disk is compared with it byte for byte, and rewritten when it differs (a
+  logged cache miss). The module is then executed from the in-memory
+  source (compiled here), never imported from the file: a forged
+  ``__pycache__/k….pyc`` beside it is never read. A module is registered in
   ``sys.modules`` only once ``exec_module`` has finished, under a lock, so
   concurrent first calls and builds never see a half-executed module.
 * **Build products** ``b<key>.json`` + ``b<key>.npz``: plain JSON and a
@@ -46,7 +48,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
-import importlib.util
 import io
 import json
 import logging
@@ -60,6 +61,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -479,12 +481,23 @@ def load_source(source: str, key: str | None = None):
         path = _kernel_file(source, key)
         mod = sys.modules.get(modname)
         if mod is None:
-            spec = importlib.util.spec_from_file_location(modname, path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
+            mod = _exec_source(modname, source, path)
             sys.modules[modname] = mod
         _LOADED[memo] = mod
         return mod
+
+
+def _exec_source(modname: str, source: str, path: Path) -> ModuleType:
+    """A module executed from ``source`` itself — the text the caller holds
+    and the file was checked against — compiled here and never imported from
+    ``path``: no bytecode file beside it (``__pycache__/*.pyc``, which an
+    import would prefer when its stamp matches) can stand in for it. The
+    functions' ``co_filename`` is ``path``, where Numba keys its cache."""
+    mod = ModuleType(modname)
+    mod.__file__ = str(path)
+    code = compile(source, str(path), "exec", dont_inherit=True)
+    exec(code, mod.__dict__)            # noqa: S102 - the verified, generated source
+    return mod
 
 
 def _kernel_file(source: str, key: str) -> Path:

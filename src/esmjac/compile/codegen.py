@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import keyword
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from .._version import __version__
@@ -61,7 +62,7 @@ from ..model.layout import strides as row_major_strides
 from .ssa import Block, Lowering
 from .tape import encode
 
-__all__ = ["generate", "Generated", "GENERATOR", "tile_scratch"]
+__all__ = ["generate", "Generated", "GENERATOR", "tile_scratch", "escape"]
 
 #: Tiles per parallel work item (one scratch allocation per item).
 _TILES_PER_ITEM = 64
@@ -78,6 +79,8 @@ _FN = {"exp": "math.exp", "log": "math.log", "log10": "math.log10", "sqrt": "mat
        "acos": "math.acos", "atan": "math.atan", "sinh": "math.sinh", "cosh": "math.cosh",
        "tanh": "math.tanh", "asinh": "math.asinh", "acosh": "math.acosh",
        "atanh": "math.atanh", "abs": "abs", "floor": "math.floor", "ceil": "math.ceil"}
+_SRC = {"u": "u", "f": "f"}     # the arrays a lane or grid read addresses
+
 _BIN = {"+": "{} + {}", "*": "{} * {}", "-": "{} - {}", "/": "{} / {}",
         "<": "1.0 if {} < {} else 0.0", "<=": "1.0 if {} <= {} else 0.0",
         ">": "1.0 if {} > {} else 0.0", ">=": "1.0 if {} >= {} else 0.0",
@@ -107,6 +110,7 @@ def tile_scratch(per_item: int, lanes: int, W: int) -> int:
 
 
 def _lit(x: float) -> str:
+    x = float(x)            # a number, whatever a document put there (never text in the source)
     if x != x:
         return "math.nan"
     if x in (float("inf"), float("-inf")):
@@ -115,15 +119,61 @@ def _lit(x: float) -> str:
     return f"({s})" if s.startswith("-") else s
 
 
+#: Names the generator itself writes (arguments, loop variables, scratch,
+#: module globals, builtins): a model identifier is never one of these,
+#: nor matches :data:`_GENERATED` (tests/compile/test_codegen_names.py
+#: checks every name a generated module binds or reads is covered).
 _RESERVED = {"u", "f", "h", "p", "t", "cix", "out", "L", "S", "j", "l", "q", "m", "w", "l0", "ob",
              "nb", "np", "math", "min", "max", "abs", "int", "float", "range", "blk", "it", "Lm1",
-             "x", "o", "s", "a", "bad", "Lo", "lo", "j0", "U", "F", "C", "Sv", "nt", "ju", "stack_empty"}
+             "x", "o", "s", "a", "b", "r", "n", "i", "bad", "Lo", "lo", "j0", "U", "F", "C", "Sv", "nt",
+             "ju", "stack_empty", "types", "prologue", "drive", "inf", "nan", "True", "False",
+             "None", "print", "len", "sum", "round", "bool", "complex", "pow", "divmod", "isinstance",
+             "globals", "locals", "vars", "getattr", "setattr", "exec", "eval", "compile", "open",
+             "type", "object", "super", "np_", "numba", "esmjac", "import", "self", "cls"}
+
+#: Generator-made names (values, hoists, dims, views, chunks, twins).
+_GENERATED = re.compile(r"(v|w|hv|c|d|e|g|k|z|_[a-z]\w*|(tile_|s|fl|sfl|tile_fl|_)?chunk|"
+                        r"(tile_|s|_)?flchunk)\d*")
+
+
+def escape(text) -> str:
+    """Document text made safe for a comment or a docstring of generated
+    source: printable characters stay (so names read as themselves), every
+    other character — line breaks of any kind, control and format
+    characters, lone surrogates — and quotes and backslashes are written as
+    ``\\xNN``/``\\uNNNN``/``\\UNNNNNNNN`` escapes. The result cannot end a
+    comment or a string literal, whatever the document says."""
+    out = []
+    for c in str(text):
+        if c.isprintable() and c not in "\\\"'":
+            out.append(c)
+        else:
+            o = ord(c)
+            out.append(f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+    return "".join(out)
+
+
+def _ascii_ident(name: str) -> str:
+    """``name`` as a plain ASCII identifier fragment: NFKC-normalised first
+    (what Python itself would do), then every character outside
+    ``[A-Za-z0-9_]`` as ``_``."""
+    try:
+        norm = unicodedata.normalize("NFKC", name)
+    except (TypeError, ValueError):
+        norm = name
+    return re.sub(r"[^A-Za-z0-9_]", "_", norm)
 
 
 class _Names:
     """Python identifiers for model names (species, parameters), unique per
-    module: the name itself when it is a plain identifier, else a sanitized
-    one (``NO_2`` for ``NO-2``); never a generator name (``v12``, ``hv3``)."""
+    module: the name itself when it is a plain ASCII identifier, else a
+    sanitized one (``NO_2`` for ``NO-2``, ``fi_2`` for the ligature ``ﬁ``
+    beside ``fi``); never a generator name (``v12``, ``hv3``, ``out``).
+
+    Every identifier is ASCII, so Python's NFKC normalisation of
+    identifiers is the identity on them and distinct model names stay
+    distinct variables (two names NFKC would merge, like ``ﬁ`` and ``fi``,
+    get ``fi`` and ``fi_2``)."""
 
     def __init__(self):
         self.taken: set = set()
@@ -133,9 +183,9 @@ class _Names:
         key = (kind, name)
         if key in self.of:
             return self.of[key]
-        base = re.sub(r"\W", "_", str(name)) or "x"
-        if base[0].isdigit() or keyword.iskeyword(base) or base in _RESERVED or \
-                re.fullmatch(r"(v|w|hv|c|d)\d+", base) or base.startswith("_"):
+        base = _ascii_ident(str(name)).strip("_") or "x"
+        if base[0].isdigit() or keyword.iskeyword(base) or keyword.issoftkeyword(base) or \
+                base in _RESERVED or _GENERATED.fullmatch(base) or base.startswith("_"):
             base = f"{kind}_{base}"
         ident, k = base, 2
         while ident in self.taken:
@@ -199,17 +249,17 @@ class _Printer:
             return self.lane(*args)
         if op == "gload":
             src, base, shape, strides = args[:4]
-            terms = [str(base)]
+            terms = [str(int(base))]
             for n, st, iv in zip(shape, strides, args[4:]):
                 # Clamp: a ghost read at a boundary stays inside the array;
                 # such points are never scattered (their column is outside).
-                terms.append(f"(min(max(int({r(iv)}), 1), {n}) - 1) * {st}")
-            return f"{src}[{' + '.join(terms)}]"
+                terms.append(f"(min(max(int({r(iv)}), 1), {int(n)}) - 1) * {int(st)}")
+            return f"{_SRC[src]}[{' + '.join(terms)}]"
         if op == "table":
             flat, shape = args[:2]
             terms = []
             for n, s, iv in zip(shape, row_major_strides(shape), args[2:]):
-                terms.append(f"(min(max(int({r(iv)}), 1), {n}) - 1) * {s}")
+                terms.append(f"(min(max(int({r(iv)}), 1), {int(n)}) - 1) * {int(s)}")
             return f"({', '.join(_lit(x) for x in flat)},)[{' + '.join(terms)}]"
         if op == "neg":
             return f"-{r(args[0])}"
@@ -284,9 +334,9 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     head = [
         f'"""Generated by {GENERATOR}: do not edit.',
         "",
-        f"model: {lay.model}   program: {'rhs' if rhs else 'jacobian wrt=' + doc.wrt}",
-        f"lane kind: {doc.kind}   fields: {len(doc.fields)}   states: {len(lay.states)}",
-        title,
+        f"model: {escape(lay.model)}   program: {'rhs' if rhs else 'jacobian wrt=' + escape(doc.wrt)}",
+        f"lane kind: {escape(doc.kind)}   fields: {len(doc.fields)}   states: {len(lay.states)}",
+        escape(title),
         '"""',
         "import math",
         "import types",
@@ -545,10 +595,10 @@ def _hint(doc, names: _Names):
 def _what(doc, target) -> str:
     """A store's comment: ``∂row/∂col`` of a band, ``d row/dt`` of the RHS."""
     if target[0] == "state":
-        return f"  # d{doc.layout.states[target[1]]}/dt"
+        return f"  # d{escape(doc.layout.states[target[1]])}/dt"
     if target[0] == "slab" and doc.kind == "cell":
         f = doc.fields[target[1]]
-        return f"  # ∂{f.row}/∂{f.col}"
+        return f"  # ∂{escape(f.row)}/∂{escape(f.col)}"
     return ""
 
 
