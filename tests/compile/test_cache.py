@@ -418,6 +418,7 @@ def test_a_stored_build_round_trips_through_json(tmp_path, monkeypatch, engine):
 
 # ---------------------------------------------------------------- forgery (issue #21)
 
+@pytest.mark.slow
 def test_a_forged_pyc_beside_a_kernel_never_runs(case, tmp_path):
     """Item 3 of #21: a ``__pycache__/k….pyc`` holding the kernel plus a
     command, stamped with the real ``.py``'s mtime and size (what an import

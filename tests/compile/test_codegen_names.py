@@ -128,6 +128,7 @@ print("RESULT " + json.dumps({"f": out.tolist(), "p0": r.p0.tolist()}))
 """
 
 
+@pytest.mark.slow
 def test_a_hostile_document_builds_right_and_runs_nothing(tmp_path):
     """Issue #21 items 1 and 6 end to end, in a fresh process: the model
     name carries a shell command, the species are ``ﬁ``/``fi`` (one name to
@@ -147,6 +148,7 @@ def test_a_hostile_document_builds_right_and_runs_nothing(tmp_path):
     np.testing.assert_allclose(r["f"], want, rtol=1e-15, atol=0)
 
 
+@pytest.mark.slow
 def test_arbitrary_unicode_names_never_change_the_code():
     """Hypothesis: any Unicode (surrogates and control characters
     included) as the model, a species or a parameter name."""
