@@ -17,6 +17,10 @@ Methods (coefficients in the transformed "KPP" form of Hairer & Wanner,
   below, exactly, from the published standard-form tableau.
 * ``"ros3"`` — 3 stages, order 3(2), L-stable, γ ≈ 0.4358665. Same source;
   the transformed coefficients are the published 32-digit values.
+* ``"ros34pw2"`` — a Rosenbrock–W method: 4 stages, order 3(2) with any
+  matrix in place of the Jacobian, L-stable, stiffly accurate, γ ≈ 0.4358665
+  (Rang & Angermann 2005); the leaf lets each lane reuse its Jacobian and
+  factorisation over steps with it (``reuse``).
 """
 from __future__ import annotations
 
@@ -54,13 +58,14 @@ class Tableau:
     gsum: tuple             # γ_i = Σ_{j≤i} γ_ij (∂f/∂t weights)
     newf: tuple
     elo: float              # order of the error estimate's leading term
+    wmethod: bool = False   # order holds for any matrix in place of J (W-conditions)
 
     @property
     def stages(self) -> int:
         return len(self.m)
 
 
-def _transform(name, alpha, gam, b, bhat, elo) -> Tableau:
+def _transform(name, alpha, gam, b, bhat, elo, wmethod=False) -> Tableau:
     """Standard form (α_ij, γ_ij incl. diagonal, b, b̂) → transformed form,
     exactly in rationals: a = α Γ⁻¹, c = diag(1/γ) − Γ⁻¹, m = b Γ⁻¹,
     e = (b − b̂) Γ⁻¹ (Hairer–Wanner II, (7.25))."""
@@ -85,7 +90,7 @@ def _transform(name, alpha, gam, b, bhat, elo) -> Tableau:
     alph = tuple(float(sum(A[i], Fraction(0))) for i in range(s))
     gs = tuple(float(sum(G[i][: i + 1], Fraction(0))) for i in range(s))
     newf = tuple(i == 0 or a[i] != a[i - 1] + (0.0,) or alph[i] != alph[i - 1] for i in range(s))
-    return Tableau(name, float(G[0][0]), a, c, m, e, alph, gs, newf, elo)
+    return Tableau(name, float(G[0][0]), a, c, m, e, alph, gs, newf, elo, wmethod)
 
 
 F = Fraction
@@ -122,10 +127,33 @@ _ROS3 = Tableau(
     newf=(True, True, False),
     elo=3.0,
 )
+
+# ROS34PW2 (J. Rang, L. Angermann, "New Rosenbrock W-methods of order 3 for
+# partial differential algebraic equations of index 1", BIT Numer. Math. 45
+# (2005) 761–787), standard form: a W-method of order 3 (embedded 2) — its
+# order conditions hold with *any* matrix in place of ∂f/∂y, so a lane may
+# keep a Jacobian (and its factorisation) over several steps —, L-stable,
+# stiffly accurate (b = α_4· + γ_4·). The published 17-digit values;
+# tests/integrators/test_wmethod.py checks every W-method order condition to
+# order 3 (2 for b̂) on them.
+_G34 = F("0.43586652150845900")
+_ROS34PW2 = _transform(
+    "ros34pw2",
+    alpha=[[], [F("0.87173304301691801")],
+           [F("0.84457060015369423"), F("-0.11299064236484185")],
+           [0, 0, 1]],
+    gam=[[_G34], [F("-0.87173304301691801"), _G34],
+         [F("-0.90338057013044082"), F("0.054180672388095326"), _G34],
+         [F("0.24212380706095346"), F("-1.2232505839045147"), F("0.54526025533510214"), _G34]],
+    b=[F("0.24212380706095346"), F("-1.2232505839045147"), F("1.5452602553351020"), _G34],
+    bhat=[F("0.37810903145819369"), F("-0.096042292212423178"), F("0.5"), F("0.21793326075422950")],
+    elo=3.0,
+    wmethod=True,
+)
 del F
 
 #: Available methods by name.
-METHODS: dict[str, Tableau] = {"rodas3": _RODAS3, "ros3": _ROS3}
+METHODS: dict[str, Tableau] = {"rodas3": _RODAS3, "ros3": _ROS3, "ros34pw2": _ROS34PW2}
 
 
 def perm_arrays(perm, n) -> tuple:
