@@ -31,6 +31,16 @@ Before timing: the two leaves' final states are bitwise equal and within the
 BDF reference's tolerance; the bound's Jacobian equals the untiled one's
 and its factor-and-solve matches a dense NumPy solve on sampled lanes.
 
+W  Jacobian and LU reuse (issue #25 item 3): Rodas3 (a new Jacobian and LU
+every attempt) against the Rosenbrock–W method ROS34PW2 with per-lane reuse
+(``method="ros34pw2"``), each at several rtols, on the L1 grid (tropo12 ×
+``--cells-w``, heterogeneous, half night) and on the L2 synthetic mechanism
+(``--cells-300`` cells): per route its error against the tight BDF
+reference, lane-step attempts and accepted steps, Jacobians and LUs (the
+leaf's per-lane ``njev``/``ndec``), Jacobians+LUs per accepted step and in
+total, and CPU time (routes interleaved, median of ``--reps``). Compare
+routes at equal accuracy (the error column), not at equal rtol.
+
 Every route's final state is checked against a tight BDF reference
 (``solve_ivp`` BDF with esmjac's exact sparse Jacobian, rtol 1e-10) on sampled
 cells before its time is reported. Timings are ``time.thread_time`` of the
@@ -398,6 +408,50 @@ def bench_tiles_bound(cells, reps, out):
     return out
 
 
+def bench_wmethod(cells, cells_300, reps, out):
+    """W: Rodas3 vs ROS34PW2 with per-lane Jacobian/LU reuse, at several rtols."""
+    from esmjac.adapters.native import rosenbrock
+    routes = [("rodas3", r, {}) for r in (1e-3, 1e-4, 1e-5)] + \
+             [("ros34pw2", r, {}) for r in (1e-3, 1e-4, 1e-5, 1e-6)]
+    res = {}
+    for label, doc_fn, L in (("tropo12", _tropo, cells), ("synthetic300", _synth, cells_300)):
+        doc = doc_fn(L)
+        leaves = {f"{m} rtol={r:g}": rosenbrock(doc, method=m, rtol=r, threads=1, **kw)
+                  for m, r, kw in routes}
+        lf0 = next(iter(leaves.values()))
+        n = lf0.n_species
+        if label == "tropo12":
+            u, fz = _hetero_state(lf0, L)
+            nf = 1
+        else:
+            rng = np.random.default_rng(1)
+            u = np.ascontiguousarray((lf0.initial_state().reshape(n, L)
+                                      * 10 ** rng.uniform(-0.5, 0.5, L)[None, :]).reshape(-1))
+            fz, nf = None, 0
+        ref_idx = np.linspace(0, L - 1, min(8 if label == "tropo12" else 4, L)).round().astype(int)
+        ref = _reference(doc_fn, ref_idx, u, fz, nf, n, L)
+        atol_s = np.asarray(lf0.atol)
+        rec = {k: {"cpu": [], "load": []} for k in leaves}
+        for rep in range(reps + 1):                  # first round warms up (not timed)
+            for name, leaf in leaves.items():
+                v = u.copy()
+                load = _load()
+                cpu, st = _cpu(lambda: leaf.advance(v, 0.0, DT, forcing=fz))
+                assert st.success, (label, name, st.message)
+                r = rec[name]
+                if rep:
+                    r["cpu"].append(cpu)
+                    r["load"].append(load)
+                tt = st.totals()
+                r.update(tt, err_vs_bdf=_err(v.reshape(n, L)[:, ref_idx], ref, atol_s),
+                         jac_lu_per_accepted=(tt["njev"] + tt["ndec"]) / tt["naccept"])
+        for r in rec.values():
+            r["cpu_median"] = statistics.median(r["cpu"])
+        res[label] = {"cells": L, "species": n, "routes": rec}
+    out["W"] = res
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", type=int, default=10000)
@@ -405,7 +459,8 @@ def main(argv=None):
     ap.add_argument("--cells-300", type=int, default=16)
     ap.add_argument("--cells-adjoint", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--only", default="L1,L2,L3,L4")
+    ap.add_argument("--cells-w", type=int, default=2000)
+    ap.add_argument("--only", default="L1,L2,L3,L4,W")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     out = {"load_start": _load(), "cpus": os.cpu_count()}
@@ -426,6 +481,14 @@ def main(argv=None):
                   + f"); load {l4['load']}", file=sys.stderr)
         print(f"L4 tiles vs tile=None: {l4['speedup_tiles']:.2f}x cells/s "
               f"({l4['attempts']} lane-step attempts, {l4['step_calls']} block steps)", file=sys.stderr)
+    if "W" in only:
+        bench_wmethod(a.cells_w, a.cells_300, a.reps, out)
+        for label, blk in out["W"].items():
+            for name, r in blk["routes"].items():
+                print(f"W {label} x{blk['cells']} {name}: err {r['err_vs_bdf']:.2e}, {r['naccept']} accepted, "
+                      f"{r['nreject']} rejected, J {r['njev']} LU {r['ndec']} "
+                      f"({r['jac_lu_per_accepted']:.3f} per accepted step), {r['cpu_median']:.3f} s CPU, "
+                      f"load {r['load']}", file=sys.stderr)
     if "L2" in only:
         bench_300(a.cells_300, a.reps, out)
         print(json.dumps({k: v for k, v in out["L2"].items() if k != "routes"}), file=sys.stderr)

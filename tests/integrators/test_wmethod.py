@@ -129,3 +129,214 @@ def test_rodas3_loses_its_order_with_a_frozen_jacobian():
     p = _orders("rodas3", "exact")
     assert p[-1] > 2.75, p
     assert _orders("rodas3", "frozen")[-1] < 1.2
+
+
+# ---------------------------------------------------------------------------
+# The leaf with method="ros34pw2": per-lane Jacobian and LU reuse
+# ---------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+from scipy.integrate import solve_ivp  # noqa: E402
+
+from esmjac.adapters.native import rosenbrock  # noqa: E402
+from esmjac.errors import JacError  # noqa: E402
+from esmjac.integrators import lanestep  # noqa: E402
+from esmjac.models.mechanism import lift  # noqa: E402
+from tests.support.programs import TROPO12  # noqa: E402
+
+NS = 15           # tropo12 species
+DT = 1200.0       # a 20-minute chemistry step
+
+
+@pytest.fixture(scope="module")
+def doc8():
+    return lift(json.loads(TROPO12.read_text()), 8)
+
+
+def _grid(leaf, L, seed=0):
+    """Heterogeneous lanes: states scaled by 10^U(-1, 1), half of them night."""
+    rng = np.random.default_rng(seed)
+    base = leaf.initial_state().reshape(NS, -1)[:, :1]
+    u = np.ascontiguousarray((base * 10 ** rng.uniform(-1, 1, L)[None, :]).reshape(-1))
+    fj = np.where(np.arange(L) % 2 == 0, 0.0, 1.0)
+    return u, fj
+
+
+def _radau(leaf, u, fj, L):
+    rhs, p = leaf.rhs_program, leaf.p
+    sc = rhs.new_buffers(L)
+
+    def f(t, y):
+        return rhs.eval_into(np.ascontiguousarray(y), p, t, fj, np.empty_like(y), sc)
+
+    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
+    assert ref.success
+    return ref.y[:, -1]
+
+
+@pytest.mark.parametrize("kw", [{}, {"max_jac_age": 10_000, "hold": (0.5, 4.0)}],
+                         ids=["default-reuse", "stale-jacobians"])
+def test_w_leaf_matches_tight_radau(doc8, kw):
+    """Convergence to the known (tight Radau) solution with reuse on, also
+    with Jacobians kept as long as the lanes accept steps (stale J)."""
+    L = 4
+    lf = rosenbrock(doc8, method="ros34pw2", rtol=1e-6, threads=1, **kw)
+    u, fj = _grid(lf, L, 1)
+    yr = _radau(lf, u, fj, L)
+    big = np.abs(yr) > 1e3 * np.repeat(lf.atol, L)
+    v = u.copy()
+    st = lf.advance(v, 0.0, DT, forcing=fj)
+    assert st.success, st.message
+    assert np.all(st.njev < st.naccept) and np.all(st.ndec < st.nsteps)
+    rel = np.abs(v - yr)[big] / np.abs(yr[big])
+    assert rel.max() < 5e-4, rel.max()
+    # the error shrinks with the tolerances (the method converges with reuse)
+    errs = []
+    for rtol in (1e-4, 1e-7):
+        w = u.copy()
+        rosenbrock(doc8, method="ros34pw2", rtol=rtol, atol=lf.atol * (rtol / 1e-4), threads=1,
+                   **kw).advance(w, 0.0, DT, forcing=fj)
+        errs.append((np.abs(w - yr)[big] / np.abs(yr[big])).max())
+    assert errs[1] < 0.05 * errs[0], errs
+
+
+def test_w_leaf_counts_its_jacobians_and_lus(doc8, monkeypatch):
+    """stats.njev / stats.ndec equal the lanes the Jacobian kernel and the
+    factorisation actually ran on (counted by wrapping them)."""
+    calls = {"jac": 0, "lu": 0}
+    real_sub = lanestep._sub_factor
+
+    def sub(*a):
+        calls["lu"] += int(a[9])                  # k: the lanes factored
+        return real_sub(*a)
+
+    monkeypatch.setattr(lanestep, "_sub_factor", sub)
+    lf = rosenbrock(doc8, method="ros34pw2", rtol=1e-4, threads=1)
+    L = 40
+    u, fj = _grid(lf, L, 4)
+    lf.advance(u.copy(), 0.0, 1.0, forcing=fj)    # build the steppers
+    for stp in lf._scratch_for(L, 1)[1]:
+        real_jac = stp.jac
+
+        def jac(y, fz, cix, m, out, _real=real_jac):
+            calls["jac"] += m
+            return _real(y, fz, cix, m, out)
+        stp.jac = jac
+    calls.update(jac=0, lu=0)
+    st = lf.advance(u.copy(), 0.0, DT, forcing=fj)
+    assert st.success
+    assert int(st.njev.sum()) == calls["jac"] and int(st.ndec.sum()) == calls["lu"]
+    assert np.all(st.njev >= 1) and np.all(st.njev <= st.ndec) and np.all(st.ndec <= st.nsteps)
+    tot = st.totals()
+    assert tot["njev"] + tot["ndec"] < 0.8 * tot["naccept"], tot      # far fewer than 2 per step
+    assert len(set(st.ndec.tolist())) > 3         # lanes decided for themselves
+    # without reuse (and for Rodas3): one of each per attempt
+    for other in (rosenbrock(doc8, method="ros34pw2", reuse=False, rtol=1e-4, threads=1),
+                  rosenbrock(doc8, rtol=1e-4, threads=1)):
+        s2 = other.advance(u.copy(), 0.0, DT, forcing=fj)
+        assert np.array_equal(s2.njev, s2.nsteps) and np.array_equal(s2.ndec, s2.nsteps)
+
+
+def test_w_leaf_lane_alone_equals_lane_in_batch_bitwise(doc8):
+    lf = rosenbrock(doc8, method="ros34pw2", threads=1)
+    L = 300                                     # two LU chunks, ragged
+    u, fj = _grid(lf, L, 2)
+    v = u.copy()
+    st = lf.advance(v, 0.0, DT, forcing=fj)
+    assert st.success
+    njev, ndec, steps = st.njev.copy(), st.ndec.copy(), st.nsteps.copy()
+    assert len(set(ndec.tolist())) > 3 and np.any(ndec < steps)
+    cols = lambda a, k: a.reshape(NS, k)       # noqa: E731
+    for l in (0, 1, 137, 299):
+        w = cols(u, L)[:, l].copy()
+        s1 = lf.advance(w, 0.0, DT, forcing=fj[l:l + 1])
+        assert np.array_equal(w, cols(v, L)[:, l])
+        assert (s1.nsteps[0], s1.njev[0], s1.ndec[0]) == (steps[l], njev[l], ndec[l])
+    perm = np.arange(L)[::-1].copy()
+    w = np.ascontiguousarray(cols(u, L)[:, perm]).reshape(-1)
+    for other in (rosenbrock(doc8, method="ros34pw2", threads=2),
+                  rosenbrock(doc8, method="ros34pw2", threads=1, compact=False),
+                  rosenbrock(doc8, method="ros34pw2", threads=1, tile=None)):
+        w2 = w.copy()
+        s2 = other.advance(w2, 0.0, DT, forcing=fj[perm])
+        assert np.array_equal(cols(w2, L), cols(v, L)[:, perm])
+        assert np.array_equal(s2.ndec, ndec[perm]) and np.array_equal(s2.njev, njev[perm])
+        other.close()
+
+
+def test_w_leaf_option_refusals(doc8):
+    for kw in ({"reuse": True},                                   # rodas3 is not a W-method
+               {"method": "ros34pw2", "reuse": "yes"},
+               {"method": "ros34pw2", "max_jac_age": 0},
+               {"method": "ros34pw2", "hold": (1.2, 2.0)},
+               {"method": "ros34pw2", "hold": (0.5,)},
+               {"method": "ros34pw2", "hold": (0.5, float("inf"))}):
+        with pytest.raises(JacError) as e:
+            rosenbrock(doc8, **kw)
+        assert e.value.code == "bad_option", kw
+
+
+# ---------------------------------------------------------------------------
+# Sensitivities of the W-method with reused Jacobians: finite differences of
+# the frozen-step forward map (the replay of the recorded steps)
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def wsens():
+    lf = rosenbrock(lift(json.loads(TROPO12.read_text()), 2), method="ros34pw2", rtol=1e-4, threads=1)
+    u = lf.initial_state()
+    fj = np.array([0.3, 1.0])
+    w = np.random.default_rng(11).uniform(0.5, 1.5, u.size) / np.abs(u).clip(1.0)
+    rec = []
+    y = u.copy()
+    lf._advance(y, 0.0, 300.0, fj, None, None, rec)
+    fz, cix = rec.pop()
+    assert sum(int((~r[3]).sum()) for r in rec) > 20        # many steps on an older Jacobian
+    sens = lf._sensitivities(True)
+
+    def phi(u0, p=None, fzv=None):
+        a = u0.copy()
+        sens.replay(rec, a, fz if fzv is None else fzv, cix, 2, p)
+        return float(w @ a)
+
+    return lf, u, fj, w, phi, y
+
+
+def test_w_replay_is_the_forward_solve(wsens):
+    lf, u, fj, w, phi, y = wsens
+    v = u.copy()
+    lf.advance(v, 0.0, 300.0, forcing=fj)
+    assert np.array_equal(v, y) and phi(u) == float(w @ y)
+
+
+def test_w_adjoint_and_tangent_match_finite_differences(wsens):
+    lf, u, fj, w, phi, y = wsens
+    yf, g, gp, st = lf.gradient(u, 0.0, 300.0, w, forcing=fj)
+    assert st.success and np.array_equal(yf, y)
+    rng = np.random.default_rng(12)
+    eps = 1e-6
+    for _ in range(3):
+        d = rng.standard_normal(u.size) * np.abs(u)
+        fd = (phi(u + eps * d) - phi(u - eps * d)) / (2 * eps)
+        assert abs(g @ d - fd) <= 1e-6 * abs(fd), (g @ d, fd)
+    for name in ("T", "j_NO2"):
+        k = lf.param_names.index(name)
+        p0 = lf.p[k]
+        pp, pm = lf.p.copy(), lf.p.copy()
+        pp[k] += 1e-5 * p0
+        pm[k] -= 1e-5 * p0
+        fd = (phi(u, pp) - phi(u, pm)) / (2e-5 * p0)
+        assert abs(gp[name] - fd) <= 1e-6 * abs(fd), (name, gp[name], fd)
+    for lane in range(2):
+        fp, fm = fj.copy(), fj.copy()
+        fp[lane] += 1e-5 * fj[lane]
+        fm[lane] -= 1e-5 * fj[lane]
+        fd = (phi(u, fzv=fp) - phi(u, fzv=fm)) / (2e-5 * fj[lane])
+        assert abs(gp["fj"][lane] - fd) <= 1e-6 * abs(fd), (lane, gp["fj"][lane], fd)
+    d = rng.standard_normal(u.size) * np.abs(u)
+    _, dy, _ = lf.tangent(u, 0.0, 300.0, du0=d, dp={"T": 1.0}, forcing=fj)
+    assert abs(w @ dy - (g @ d + gp["T"])) <= 1e-10 * abs(w @ dy)       # exact transposes
+    _, dy2, _ = lf.tangent(u, 0.0, 300.0, du0=d, forcing=fj)
+    fd = (phi(u + eps * d) - phi(u - eps * d)) / (2 * eps)
+    assert abs(w @ dy2 - fd) <= 1e-6 * abs(fd)

@@ -270,15 +270,17 @@ def _fd_times(t, m, out):
 
 @numba.njit(**_JIT)
 def _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl, rm, crej, nonfin,
-             done, idx, elo, max_steps, max_rejects, clip, nfev_step,
-             st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_h, st_t, acc):
+             done, idx, elo, max_steps, max_rejects, clip, nfev_step, newj, newlu,
+             st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_ndec, st_h, st_t, acc):
     """Per-lane accept/reject after one attempt; returns how many lanes finished.
 
     Accepted lanes take Ynew (optionally clipped at 0) and advance; rejected
     lanes shrink h. A lane is *done* when it reaches tend (status 0) or fails
     (status > 0, state left at its last accepted point). ``acc`` (scratch,
     ``m`` flags) marks the accepted lanes; their states are copied after the
-    per-lane decisions, species by species over lanes (unit stride)."""
+    per-lane decisions, species by species over lanes (unit stride).
+    ``newj``/``newlu`` flag the lanes whose Jacobian / factorisation this
+    attempt computed (all of them, unless a W-method reuses them)."""
     ndone = 0
     for l in range(m):
         acc[l] = 0
@@ -286,7 +288,8 @@ def _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl,
             continue
         g = idx[l]
         st_nfev[g] += nfev_step
-        st_njev[g] += 1
+        st_njev[g] += newj[l]
+        st_ndec[g] += newlu[l]
         st_steps[g] += 1
         hl = hs[l]
         e = err[l]
@@ -405,6 +408,135 @@ def _scatter_all(Y, n, m, idx, out, L):
             out[s * L + idx[l]] = Y[s * m + l]
 
 
+# --------------------------------------------------------------------------
+# Jacobian and factorisation reuse (W-methods), per lane. A lane keeps its
+# Jacobian (``jage`` ≥ 0: accepted steps since it was evaluated; −1: none)
+# and the factorisation of its iteration matrix at the step ``hlu`` (0: none)
+# across steps; each attempt decides, from the lane's own history only:
+#
+# * a new Jacobian when it has none, when it has served ``max_age`` accepted
+#   steps, or after a rejection if it is not already at the current state
+#   (a rejection with a fresh Jacobian keeps it: re-evaluating at the same
+#   state would give the same matrix);
+# * the old factorisation when the controller's proposal lies within
+#   [lo, hi]·hlu: the lane then *holds* its step at hlu (a W-method's order
+#   holds for any matrix, but reusing the LU needs the same h·γ), unless the
+#   step must be cut to land on the end of the interval;
+# * otherwise a new factorisation (of the kept or the new Jacobian).
+#
+# Lanes that need a new Jacobian or LU are gathered into a compact sub-batch
+# (their arithmetic is that of any other lane position, so the bits do not
+# depend on which neighbours also needed one), evaluated/factored there and
+# scattered back into their tile slots.
+# --------------------------------------------------------------------------
+
+@numba.njit(**_JIT)
+def _reuse_plan(t, h, tend, done, m, hs, last, jage, hlu, rl, max_age, lo, hi, newj, newlu, selj, sellu):
+    """The step each lane attempts and whether it needs a new Jacobian /
+    factorisation; ``selj``/``sellu`` list those lanes. Returns their counts."""
+    kj = 0
+    k = 0
+    for l in range(m):
+        if done[l] != 0:
+            hs[l] = h[l]
+            last[l] = 0
+            newj[l] = 0
+            newlu[l] = 0
+            continue
+        ja = jage[l]
+        nj = ja < 0 or ja >= max_age or (rl[l] != 0 and ja > 0)
+        hl = h[l]
+        hold = hlu[l]
+        if not nj and rl[l] == 0 and hold > 0.0 and hl >= lo * hold and hl <= hi * hold:
+            hl = hold
+        if hl >= tend - t[l]:
+            hl = tend - t[l]
+            last[l] = 1
+        else:
+            last[l] = 0
+        hs[l] = hl
+        nl = nj or hl != hold
+        newj[l] = 1 if nj else 0
+        newlu[l] = 1 if nl else 0
+        if nj:
+            selj[kj] = l
+            kj += 1
+        if nl:
+            sellu[k] = l
+            k += 1
+    return kj, k
+
+
+@numba.njit(**_JIT)
+def _tiled_copy(src, nnz, Ws, sidx, dst, Wd, didx, k):
+    """dst slots of lane didx[j] (tiles of Wd) = src slots of lane sidx[j]
+    (tiles of Ws), j < k (a gather passes didx = 0, 1, …; a scatter sidx)."""
+    for j in range(k):
+        a = sidx[j]
+        b = didx[j]
+        so = (a // Ws) * nnz * Ws + a % Ws
+        do = (b // Wd) * nnz * Wd + b % Wd
+        for q in range(nnz):
+            dst[do + q * Wd] = src[so + q * Ws]
+
+
+@numba.njit(**_JIT)
+def _sub_factor(J, WJ, Wm, WA, hs, gamma, nnz, m, sel, k, ar, Jk, Wk, Wmk, WAk, hk, badk, chunk,
+                piv, mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src, bad, hlu):
+    """LU(I/(h_l γ) − J) of the ``k`` lanes ``sel`` only: their Jacobian
+    slots gathered into a compact sub-batch ``Jk`` (tiles of ``Wk``),
+    factored into ``Wmk`` (tiles of ``WAk``), scattered back into ``Wm``;
+    ``bad`` set for every lane (−1 for those that kept their LU); ``hlu`` =
+    the new factorisations' steps (0 when singular). ``ar`` = 0, 1, 2, …"""
+    for l in range(m):
+        bad[l] = -1
+    if k == 0:
+        return
+    if k == m:
+        factor_shifted_lanes(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_ptr, mul_slot,
+                             upd_ptr, upd_tgt, upd_src, bad)
+    else:
+        _tiled_copy(J, nnz, WJ, sel, Jk, Wk, ar, k)
+        for j in range(k):
+            hk[j] = hs[sel[j]]
+        factor_shifted_lanes(Jk, Wk, Wmk, WAk, hk, gamma, nnz, k, chunk, piv, mul_ptr, mul_slot,
+                             upd_ptr, upd_tgt, upd_src, badk)
+        _tiled_copy(Wmk, nnz, WAk, ar, Wm, WA, sel, k)
+        for j in range(k):
+            bad[sel[j]] = badk[j]
+    for j in range(k):
+        l = sel[j]
+        hlu[l] = hs[l] if bad[l] < 0 else 0.0
+
+
+@numba.njit(**_JIT)
+def _aged(acc, newj, m, jage):
+    """After an attempt: a new Jacobian is 0 steps old; an accepted step
+    ages the lane's Jacobian by one."""
+    for l in range(m):
+        if newj[l] != 0:
+            jage[l] = 0
+        if acc[l] != 0 and jage[l] >= 0:
+            jage[l] += 1
+
+
+@numba.njit(**_JIT)
+def _squeeze_tiled(A, nnz, m, W, mn, Wn, done, tmp):
+    """Compact tiled slot storage (tiles of W, m lanes → tiles of Wn, mn
+    lanes) dropping done lanes, through ``tmp``."""
+    j = 0
+    for l in range(m):
+        if done[l] == 0:
+            so = (l // W) * nnz * W + l % W
+            do = (j // Wn) * nnz * Wn + j % Wn
+            for q in range(nnz):
+                tmp[do + q * Wn] = A[so + q * W]
+            j += 1
+    N = ((mn + Wn - 1) // Wn) * Wn * nnz
+    for i in range(N):
+        A[i] = tmp[i]
+
+
 # Fused sequences of the step (one call from Python each, not three or four:
 # a Numba dispatch with a dozen array arguments costs microseconds, which at
 # a few hundred lanes per block is a visible share of a step). Each runs the
@@ -453,8 +585,11 @@ class LaneStepper:
 
     def __init__(self, tab, lu: SparseLaneLU, perm: np.ndarray, iperm: np.ndarray,
                  n_forcing: int, n_cdims: int, capacity: int, tile: int | None,
-                 rhs, jac, shared: bool, compact: bool):
+                 rhs, jac, shared: bool, compact: bool, reuse: tuple | None = None):
         self.tab, self.lu = tab, lu
+        # reuse: None (a new Jacobian and LU every attempt) or (max_age, lo, hi)
+        # for a W-method's per-lane reuse (see _reuse_plan)
+        self.reuse = reuse
         self.perm, self.iperm = perm, iperm
         n, C, S = lu.n, int(capacity), tab.stages
         self.n, self.C, self.nf, self.ncd = n, C, int(n_forcing), int(n_cdims)
@@ -481,6 +616,17 @@ class LaneStepper:
         self.crej = np.empty(C, i64)
         self.nonfin, self.done = np.empty(C, i8), np.empty(C, i8)
         self.acc = np.empty(C, i8)                  # _control's accepted-lane flags
+        self.newj, self.newlu = np.ones(C, i8), np.ones(C, i8)     # this attempt's new J / LU
+        if reuse is not None:
+            self.jage, self.hlu = np.empty(C, i64), np.empty(C, f64)
+            self.selj, self.sellu = np.empty(C, i64), np.empty(C, i64)
+            self.ar = np.arange(C, dtype=i64)
+            self.Ysub = np.empty(n * C)
+            self.FZsub = np.zeros(max(self.nf * C, 1))
+            self.cixsub = np.zeros(max(self.ncd * C, 1), dtype=i64)
+            self.Jk = np.zeros(tiled_size(lu.nnz, C, W))     # also compaction scratch
+            self.Wmk = np.zeros(tiled_size(lu.nnz, C, lu_tile(C)))
+            self.hk, self.badk = np.empty(C, f64), np.empty(C, i64)
         self.a_nz = [_nz(tab.a[i]) for i in range(S)]
         self.c_nz = [_nz(tab.c[i]) for i in range(S)]
         self.m_nz, self.e_nz = _nz(tab.m), _nz(tab.e)
@@ -507,6 +653,42 @@ class LaneStepper:
                            f"{self.nf} fields x {m} lanes (shape ({self.nf}, {m}))")
         self.FZ[:self.nf * m] = val.reshape(-1)
 
+    def _w_matrices(self, t, h, tend, m, W, WA, nonauto, fcall):
+        """A W-method attempt's f(y), Jacobians and factorisations, each lane
+        deciding for itself what to reuse (:func:`_reuse_plan`): F0 at the
+        lanes' states (and ∂f/∂t for a forcing callable), new Jacobians for
+        the lanes that need one (all lanes in one call when all do, else a
+        gathered sub-batch), new LUs likewise."""
+        max_age, lo, hi = self.reuse
+        lu, n, Y = self.lu, self.n, self.Y
+        kj, k = _reuse_plan(t, h, tend, self.done, m, self.hs, self.last, self.jage, self.hlu, self.rl,
+                            max_age, lo, hi, self.newj, self.newlu, self.selj, self.sellu)
+        if nonauto:
+            _fd_times(t, m, self.tst)
+            self._forcing_at(fcall, self.tst, m)
+            self.rhs(Y, self.FZ, self.cix, m, self.Fs)
+            self._forcing_at(fcall, t, m)
+            self.rhs(Y, self.FZ, self.cix, m, self.F0)
+            _fd_time(self.Fs, self.F0, t, m, n, self.dfdt)
+        else:
+            self.rhs(Y, self.FZ, self.cix, m, self.F0)
+        if kj == m:
+            self.jac(Y, self.FZ, self.cix, m, self.J)
+        elif kj > 0:
+            sel = self.selj
+            _gather(Y, m, sel, n, kj, self.Ysub)
+            if self.nf:
+                _gather(self.FZ, m, sel, self.nf, kj, self.FZsub)
+            if self.ncd:
+                _gather(self.cix, m, sel, self.ncd, kj, self.cixsub)
+            Wk = kj if self.tile is None else self.tile
+            self.jac(self.Ysub, self.FZsub, self.cixsub, kj, self.Jk)
+            _tiled_copy(self.Jk, lu.nnz, Wk, self.ar, self.J, W, sel, kj)
+        Wk = k if self.tile is None else self.tile
+        _sub_factor(self.J, W, self.Wm, WA, self.hs, self.tab.gamma, lu.nnz, m, self.sellu, k, self.ar,
+                    self.Jk, max(Wk, 1), self.Wmk, lu_tile(k), self.hk, self.badk, CHUNK, *self.fops,
+                    self.bad, self.hlu)
+
     # -- driver ---------------------------------------------------------------
     def run(self, u, out, L, lane0, c, t0, tend, h0, forcing, fcall, cix_full, atol, rtol,
             max_steps, max_rejects, clip, st, record=None):
@@ -531,6 +713,10 @@ class LaneStepper:
         for a in (self.rl, self.rm, self.done, self.nonfin):
             a[:m] = 0
         self.crej[:m] = 0
+        reuse = self.reuse
+        if reuse is not None:
+            self.jage[:m] = -1
+            self.hlu[:m] = 0.0
         nonauto = fcall is not None
         if span <= 0.0:
             _scatter_all(self.Y, n, m, idx, out, L)
@@ -551,7 +737,9 @@ class LaneStepper:
         while m > 0:
             W = m if self.tile is None else self.tile
             WA = lu_tile(m)
-            if nonauto:
+            if reuse is not None:
+                self._w_matrices(t, h, tend, m, W, WA, nonauto, fcall)
+            elif nonauto:
                 _prep_h(t, h, tend, self.done, m, hs, self.last)
                 # ∂f/∂t by a forward difference in t (the forcing's time dependence).
                 _fd_times(t, m, self.tst)
@@ -591,11 +779,18 @@ class LaneStepper:
             if record is not None:
                 acc = np.flatnonzero((self.bad[:m] < 0) & (self.err[:m] <= 1.0) & (self.done[:m] == 0))
                 if acc.size:
-                    record.append((idx[acc].copy(), Y[:n * m].reshape(n, m)[:, acc].copy(), hs[acc].copy()))
+                    # fresh: the lane's Jacobian was evaluated at this step's state
+                    fresh = (np.ones(acc.size, bool) if reuse is None else
+                             (self.newj[acc] != 0) | (self.jage[acc] == 0))
+                    record.append((idx[acc].copy(), Y[:n * m].reshape(n, m)[:, acc].copy(), hs[acc].copy(),
+                                   fresh))
             ndone = _control(Y, Ynew, n, m, self.err, self.bad, self.J, lu.nnz, W, hs, self.last, t, h, tend, span,
                              self.rl, self.rm, self.crej, self.nonfin, self.done, idx, tab.elo,
-                             max_steps, max_rejects, clip, nfev_step, st.status, st.nsteps,
-                             st.naccept, st.nreject, st.nfev, st.njev, st.h, st.t, self.acc)
+                             max_steps, max_rejects, clip, nfev_step, self.newj, self.newlu,
+                             st.status, st.nsteps, st.naccept, st.nreject, st.nfev, st.njev, st.ndec,
+                             st.h, st.t, self.acc)
+            if reuse is not None:
+                _aged(self.acc, self.newj, m, self.jage)
             if ndone == 0:
                 continue
             if not self.compact:
@@ -610,6 +805,12 @@ class LaneStepper:
             for a in (t, h, self.rl, self.rm, self.nonfin):
                 _squeeze_lane(a, m, done)
             _squeeze_lane(self.crej, m, done)
+            if reuse is not None:
+                # the kept Jacobians and factorisations follow their lanes
+                _squeeze_lane(self.jage, m, done)
+                _squeeze_lane(self.hlu, m, done)
+                _squeeze_tiled(self.J, lu.nnz, m, W, mn, mn if self.tile is None else self.tile, done, self.Jk)
+                _squeeze_tiled(self.Wm, lu.nnz, m, WA, mn, lu_tile(mn), done, self.Wmk)
             if self.nf and fcall is None:
                 _squeeze_rows(self.FZ, self.nf, m, mn, done)
             if self.ncd:

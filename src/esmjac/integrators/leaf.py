@@ -55,6 +55,13 @@ ATOL_FRACTION = 1e-6
 #: (below it a second thread costs more in start-up than it saves).
 AUTO_LANES_PER_THREAD = 1024
 
+#: A W-method lane's Jacobian serves at most this many accepted steps by
+#: default (``max_jac_age``), and its factorisation is kept — the step held
+#: at the factorisation's — while the controller proposes a step within
+#: ``HOLD`` times it (``hold``). Chosen by measurement (benchmarks/leaf.py "W").
+MAX_JAC_AGE = 20
+HOLD = (1.0, 2.0)
+
 #: Lanes per block at most: a block's whole working set (Jacobian, iteration
 #: matrix, stages, states: ≈ 1.5 kB per lane for a 15-species mechanism)
 #: stays in the core's caches through a step instead of streaming from memory
@@ -64,6 +71,10 @@ AUTO_LANES_PER_THREAD = 1024
 BLOCK_LANES = 1024
 
 
+#: The per-lane counters of :class:`LeafStats` (summed by ``totals``).
+_COUNTERS = ("nsteps", "naccept", "nreject", "nfev", "njev", "ndec")
+
+
 @dataclass
 class LeafStats:
     """Per-lane outcome of one :meth:`RosenbrockLeaf.advance` (arrays of
@@ -71,8 +82,10 @@ class LeafStats:
     by the next call with the same lane count: copy what you keep.
 
     ``status``: 0 ok, > 0 failed (:data:`esmjac.integrators.lanestep.STATUS`);
-    ``nsteps``: step attempts (``naccept + nreject``); ``nfev``/``njev``:
-    right-hand side / Jacobian evaluations of that lane; ``h``: the step size
+    ``nsteps``: step attempts (``naccept + nreject``); ``nfev``/``njev``/
+    ``ndec``: right-hand side / Jacobian evaluations / LU factorisations of
+    that lane (a W-method that reuses its Jacobian and LU makes fewer than
+    one per attempt; the others make one each); ``h``: the step size
     proposed for a continuation (pass it back as ``h0``); ``t``: the time the
     lane's state belongs to (``t0 + dt`` unless it failed).
     """
@@ -83,6 +96,7 @@ class LeafStats:
     nreject: np.ndarray
     nfev: np.ndarray
     njev: np.ndarray
+    ndec: np.ndarray
     h: np.ndarray
     t: np.ndarray
 
@@ -107,12 +121,12 @@ class LeafStats:
 
     def totals(self) -> dict:
         """Summed counters over all lanes (the total work)."""
-        return {k: int(getattr(self, k).sum()) for k in ("nsteps", "naccept", "nreject", "nfev", "njev")}
+        return {k: int(getattr(self, k).sum()) for k in _COUNTERS}
 
     def _reset(self) -> None:
         self.status[:] = RUNNING
-        for a in (self.nsteps, self.naccept, self.nreject, self.nfev, self.njev):
-            a[:] = 0
+        for k in _COUNTERS:
+            getattr(self, k)[:] = 0
 
 
 @dataclass
@@ -172,7 +186,8 @@ class RosenbrockLeaf:
     """
 
     def __init__(self, rhs, jac, plan, p, forcing, *, method, rtol, atol, step, threads,
-                 compact, clip_negative, max_steps, max_rejects, h0, time_field=None):
+                 compact, clip_negative, max_steps, max_rejects, h0, time_field=None,
+                 reuse=None, max_jac_age=MAX_JAC_AGE, hold=HOLD):
         self.rhs_program, self.jac_program, self.plan = rhs, jac, plan
         self.n_species = rhs.n_species
         self.species = tuple(rhs.layout.states)
@@ -187,6 +202,7 @@ class RosenbrockLeaf:
             raise JacError("bad_option", f"unknown method {method!r}; choose from {sorted(METHODS)}")
         self.method = method
         self._tab = METHODS[method]
+        self.reuse, self.max_jac_age, self.hold = self._reuse_options(reuse, max_jac_age, hold)
         if step not in ("lane", "shared"):
             raise JacError("bad_option", f"step must be 'lane' (per-lane step size) or 'shared', not {step!r}")
         self.step = step
@@ -266,6 +282,27 @@ class RosenbrockLeaf:
         out = np.ascontiguousarray(out)
         out.setflags(write=False)
         return out
+
+    def _reuse_options(self, reuse, max_jac_age, hold) -> tuple:
+        """(reuse, max_jac_age, hold), checked: reuse defaults to the method
+        being a W-method, and is refused for a method that is not one (its
+        order needs the exact Jacobian of every step)."""
+        w = bool(self._tab.wmethod)
+        if reuse is None:
+            reuse = w
+        if not isinstance(reuse, (bool, np.bool_)):
+            raise JacError("bad_option", f"reuse must be True, False or None, not {reuse!r}")
+        if reuse and not w:
+            raise JacError("bad_option", f"method {self.method!r} is not a W-method: its order needs a "
+                           "new Jacobian every step (reuse=True needs a W-method, e.g. 'ros34pw2')")
+        age = _pos_int("max_jac_age", max_jac_age)
+        try:
+            lo, hi = (float(x) for x in hold)
+        except (TypeError, ValueError):
+            raise JacError("bad_option", f"hold must be two numbers (lo, hi), not {hold!r}") from None
+        if not (0.0 < lo <= 1.0 <= hi < math.inf):
+            raise JacError("bad_option", f"hold must satisfy 0 < lo <= 1 <= hi < inf, got {(lo, hi)}")
+        return bool(reuse), age, (lo, hi)
 
     @staticmethod
     def _rtol(rtol) -> float:
@@ -411,10 +448,11 @@ class RosenbrockLeaf:
             b = BoundPrograms(self, self.p, 0.0, c)
             steppers.append(LaneStepper(self._tab, self._lu, self._perm, self._iperm,
                                         len(self._program_forcing), ncd, c, self.tile, b.rhs, b.jac,
-                                        self.step == "shared", self.compact))
+                                        self.step == "shared", self.compact,
+                                        (self.max_jac_age, *self.hold) if self.reuse else None))
         i64 = np.int64
-        stats = LeafStats(np.zeros(L, np.int8), np.zeros(L, i64), np.zeros(L, i64), np.zeros(L, i64),
-                          np.zeros(L, i64), np.zeros(L, i64), np.zeros(L), np.zeros(L))
+        stats = LeafStats(np.zeros(L, np.int8), *(np.zeros(L, i64) for _ in _COUNTERS),
+                          np.zeros(L), np.zeros(L))
         fbuf = np.zeros(max(len(self.forcing_names) * L, 1))     # the user's fields (not t)
         sc = (blocks, steppers, stats, cix, fbuf)
         if len(self._scratch) > 8:                  # a host model uses one or two lane counts
@@ -619,10 +657,9 @@ class RosenbrockLeaf:
             for k, tk in enumerate(te):
                 st = self.advance(y, t, tk - t, forcing, h0=h)
                 if tot is None:
-                    tot = LeafStats(*(np.array(getattr(st, f)) for f in
-                                      ("status", "nsteps", "naccept", "nreject", "nfev", "njev", "h", "t")))
+                    tot = LeafStats(*(np.array(getattr(st, f)) for f in ("status",) + _COUNTERS + ("h", "t")))
                 else:
-                    for f in ("nsteps", "naccept", "nreject", "nfev", "njev"):
+                    for f in _COUNTERS:
                         getattr(tot, f)[:] += getattr(st, f)
                     tot.h[:] = st.h
                     tot.t[:] = st.t
@@ -639,7 +676,7 @@ class RosenbrockLeaf:
         tt = tot.totals()
         return LeafSolution(float(tf if tot.success else tot.t.min()), y, te, ys, tot, tot.success,
                             tot.message, tt["nsteps"], tt["naccept"], tt["nreject"], tt["nfev"],
-                            tt["njev"], tt["nsteps"])
+                            tt["njev"], tt["ndec"])
 
     # -- sensitivities ---------------------------------------------------------
     def with_params(self, p) -> "RosenbrockLeaf":
@@ -648,7 +685,8 @@ class RosenbrockLeaf:
                                method=self.method, rtol=self.rtol, atol=self.atol, step=self.step,
                                threads=self.threads, compact=self.compact,
                                clip_negative=self.clip_negative, max_steps=self.max_steps,
-                               max_rejects=self.max_rejects, h0=self.h0, time_field=self.time_field)
+                               max_rejects=self.max_rejects, h0=self.h0, time_field=self.time_field,
+                               reuse=self.reuse, max_jac_age=self.max_jac_age, hold=self.hold)
         other.source, other.model, other.options = self.source, self.model, self.options
         return other
 
@@ -764,13 +802,23 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                rtol: float = 1e-4, atol=None, step: str = "lane", threads="auto", compact: bool = True,
                clip_negative: bool = False, max_steps: int = 100000, max_rejects: int = 50,
                h0=None, tile: int | None = DEFAULT_TILE, options: dict | None = None,
-               **extra) -> RosenbrockLeaf:
+               reuse: bool | None = None, max_jac_age: int = MAX_JAC_AGE,
+               hold: tuple = HOLD, **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
     ``p``: parameter overrides (dict name → value, or all values in
     :attr:`RosenbrockLeaf.param_names` order); per-cell fields go in
     ``forcing`` (see :meth:`RosenbrockLeaf.advance`).
-    ``method``: ``"rodas3"`` (default, stiffly accurate, order 3(2)) or ``"ros3"``.
+    ``method``: ``"rodas3"`` (default, stiffly accurate, order 3(2)), ``"ros3"``
+    or ``"ros34pw2"`` (a Rosenbrock–W method, order 3(2), L-stable, stiffly
+    accurate: its order holds with an old Jacobian, so each lane may reuse
+    its Jacobian and LU over several steps).
+    ``reuse``: per-lane Jacobian/LU reuse (W-methods only; None = on for a
+    W-method): each lane keeps its Jacobian for at most ``max_jac_age``
+    accepted steps (a new one after a rejection unless it is at the current
+    state), and its factorisation — holding its step at the factorised one —
+    while the controller proposes a step within ``hold = (lo, hi)`` times it.
+    ``stats.njev``/``stats.ndec`` count each lane's Jacobians and LUs.
     ``rtol``; ``atol``: None (default) = :data:`ATOL_FRACTION` times each
     species' scale in the document's initial state; or a number, one value
     per species, or a dict species → value.
@@ -816,7 +864,8 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     plan = jac.plan(LaneSparseBlocks(tile=tile), source=rhs)
     leaf = RosenbrockLeaf(rhs, jac, plan, p, forcing, method=method, rtol=rtol, atol=atol, step=step,
                           threads=threads, compact=compact, clip_negative=clip_negative,
-                          max_steps=max_steps, max_rejects=max_rejects, h0=h0, time_field=time_field)
+                          max_steps=max_steps, max_rejects=max_rejects, h0=h0, time_field=time_field,
+                          reuse=reuse, max_jac_age=max_jac_age, hold=hold)
     leaf.source, leaf.model, leaf.options = source, model, options
     return leaf
 

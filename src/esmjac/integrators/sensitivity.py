@@ -22,6 +22,16 @@ Adjoint (λ = ∂φ/∂y⁺), stages in reverse::
     λ⁻  = λ + Σ_i [J(Y_i)ᵀ u_i + ∇_y(u_iᵀ J(y) k_i)]
     ḡ_p += Σ_i [J_p(Y_i)ᵀ u_i + ∇_p(u_iᵀ J(y) k_i)].
 
+A W-method lane that reuses its Jacobian steps with ``W = I/(hγ) − J(y_J)``,
+``y_J`` the state of the earlier step where it was evaluated (a record's
+``fresh`` flag marks those steps). The derivative of the computed solution
+then goes through ``y_J``: the tangent's second-order term is
+``∂_y(J(y_J) k_i) δy_J`` (``δy_J`` kept per lane from that step), and the
+adjoint's ``∇_y(u_iᵀ J(y_J) k_i)`` of every step sharing the Jacobian is
+accumulated per lane (it is linear in the stage pair products ``u_i ⊗ k_i``)
+and contracted with the second-order fields when the sweep reaches ``y_J``'s
+step. The parameter terms follow the same way.
+
 ``J(Y)ᵀu`` and ``J_p(Y)ᵀu`` are the programs' ``apply_transpose`` (``apply``
 for the tangent); the second-order terms use the second-order fields behind
 ``contract`` (evaluated once per step at ``y``, contracted here for both the
@@ -305,14 +315,16 @@ class Sensitivities:
             self._ws[m] = sc
         return sc
 
-    def _forward_stages(self, y, hs, fz, cix, m, sc, second: bool = True):
-        """Recompute one step's stages (exactly the forward's arithmetic)."""
+    def _forward_stages(self, y, hs, fz, cix, m, sc, second: bool = True, yj=None):
+        """Recompute one step's stages (exactly the forward's arithmetic);
+        ``yj``: the states the lanes' Jacobians were evaluated at (None: ``y``)."""
         leaf, tab, lu = self.leaf, self.leaf.tableau, self.leaf.lu
         n = leaf.n_species
         b = self.bound
         K, Ys, F, Fs = sc["K"], sc["Ys"], sc["F"], sc["Fs"]
+        yj = y if yj is None else yj
         b.rhs(y, fz, cix, m, F)
-        b.jac(y, fz, cix, m, sc["J"])
+        b.jac(yj, fz, cix, m, sc["J"])
         LS.assemble_w(sc["J"], sc["W"], lu.diag_slots, hs, tab.gamma, m, m, lu.nnz)
         factor_lanes(sc["W"], lu.nnz, m, m, CHUNK, *lu.factor_ops(), sc["bad"])
         if np.any(sc["bad"][:m] >= 0):
@@ -337,9 +349,9 @@ class Sensitivities:
             solve_lanes(sc["W"], K[i], lu.nnz, m, m, CHUNK, *lu.solve_ops())
         if not second:
             return
-        self.sec.eval(y, leaf.p, fz, cix, m, sc["D"])
+        self.sec.eval(yj, leaf.p, fz, cix, m, sc["D"])
         if self.jp is not None:
-            self.sec_p.eval(y, leaf.p, fz, cix, m, sc["Dp"])
+            self.sec_p.eval(yj, leaf.p, fz, cix, m, sc["Dp"])
 
     def _pad(self, lanes, ys, hs, fz_full, cix_full, L):
         """Compact copies of one record's lanes (y, h, forcing, cell indices)."""
@@ -410,6 +422,7 @@ class Sensitivities:
         npt = len(self._ad["pts"])
         sc = {"K": np.zeros((S, n * C)), "Ys": np.zeros((S, n * C)), "F": np.zeros(n * C),
               "Fs": np.zeros(n * C), "JP": np.zeros((npt, nnz * C)), "W": np.zeros(nnz * C),
+              "JW": np.zeros(nnz * C),
               "D": np.zeros(max(self.sec.nf * C, 1)), "bad": np.zeros(C, np.int64), "ch": np.zeros(S * C),
               "U": np.zeros((S, n * C)), "UND": np.zeros((npt, n * C)), "acc": np.zeros((S, n * C)),
               "g": np.zeros(n * C), "lamP": np.zeros(n * C), "lamN": np.zeros(n * C),
@@ -444,6 +457,18 @@ class Sensitivities:
         ncd = cix_full.size // L if L else 0
         C = max(r[0].size for r in records)
         sc = self._adj_scratch(C)
+        # W-method reuse: each record's Jacobian states (None where all fresh) and
+        # the per-lane sums of the stage pair products of steps sharing a Jacobian
+        yjs = [None] * len(records)
+        reused = any(not r[3].all() for r in records)
+        if reused:
+            YJ = np.empty((n, L))
+            for q, (lanes, ys, _, fresh) in enumerate(records):
+                YJ[:, lanes[fresh]] = ys[:, fresh]
+                if not fresh.all():
+                    yjs[q] = np.ascontiguousarray(YJ[:, lanes].reshape(-1))
+        npair = ad["pa"].size
+        Pacc = np.zeros((npair, L)) if reused else None
         K, Ys, F, Fs, JP, Wm = sc["K"], sc["Ys"], sc["F"], sc["Fs"], sc["JP"], sc["W"]
         b = self.bound
         jp = self.jp
@@ -461,7 +486,9 @@ class Sensitivities:
             glob_args = (jm["g_ptr"], jm["g_band"], jm["g_rl"], jm["g_tgt"])
             Bp, Dp, gpl = sc["Bp"], sc["Dp"], sc["gpl"]
             jp_at, secp_at = ad["jp"], ad["sec_p"]
-        for lanes, ys, hs in reversed(records):
+        for rec in range(len(records) - 1, -1, -1):
+            lanes, ys, hs, fresh = records[rec]
+            yj = yjs[rec]
             m = lanes.size
             N = n * m
             y = sc["y"][:N]
@@ -476,7 +503,12 @@ class Sensitivities:
             # replay: exactly the forward's arithmetic (same kernels, same order)
             b.rhs(y, fz, cix, m, F)
             b.jac(y, fz, cix, m, JP[0])
-            LS.assemble_w(JP[0], Wm, lu.diag_slots, h, tab.gamma, m, m, nnz)
+            if yj is None:
+                LS.assemble_w(JP[0], Wm, lu.diag_slots, h, tab.gamma, m, m, nnz)
+            else:                                 # the W-method's kept Jacobian J(y_J)
+                JW = sc["JW"]
+                b.jac(yj, fz, cix, m, JW)
+                LS.assemble_w(JW, Wm, lu.diag_slots, h, tab.gamma, m, m, nnz)
             factor_lanes(Wm, nnz, m, m, CHUNK, *fops, sc["bad"])
             if np.any(sc["bad"][:m] >= 0):
                 raise JacError("evaluation_error", "singular iteration matrix while replaying a recorded step")
@@ -503,6 +535,18 @@ class Sensitivities:
                             *sops)
             P = sc["P"]
             _pair_products(sc["U"], K, ad["pa"], ad["pb"], m, P)
+            if Pacc is not None and npair:
+                # a step on an older Jacobian adds its pair products to the lane's
+                # sum; the step that evaluated it contracts the sum at its state
+                Pm = P[:npair * m].reshape(npair, m)
+                old = ~fresh
+                if old.any():
+                    Pacc[:, lanes[old]] += Pm[:, old]
+                    Pm[:, old] = 0.0
+                if fresh.any():
+                    lf_ = lanes[fresh]
+                    Pm[:, fresh] += Pacc[:, lf_]
+                    Pacc[:, lf_] = 0.0
             _slot_madd(sc["D"], m, ad["h_pid"], ad["h_site"], P, lamN)
             _scatter_perm(lamN, L, lanes, perm, m, lam)
             if jp is None:
@@ -539,12 +583,15 @@ class Sensitivities:
             self.bound = BoundPrograms(leaf, np.ascontiguousarray(p, dtype=np.float64), 0.0, 1, self.plan)
         try:
             tab = leaf.tableau
-            for lanes, _, hs in records:
+            YJ = np.empty((n, L))                  # the replayed state each lane's Jacobian is at
+            for lanes, _, hs, fresh in records:
                 k = lanes.size
                 ys = y.reshape(n, L)[:, lanes]
+                YJ[:, lanes[fresh]] = ys[:, fresh]
                 m, k, yc, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)
                 sc = self._scratch(m)
-                self._forward_stages(yc, h, fz, cix, m, sc, second=False)
+                yj = None if fresh.all() else np.ascontiguousarray(YJ[:, lanes].reshape(-1))
+                self._forward_stages(yc, h, fz, cix, m, sc, second=False, yj=yj)
                 mi, mv = LS.nonzero_terms(tab.m)
                 out = np.empty(n * m)
                 LS.combine(yc, sc["K"], mi, mv, leaf.perm, m, out)
@@ -561,12 +608,18 @@ class Sensitivities:
         perm = leaf.perm
         S = tab.stages
         lu = leaf.lu
-        for lanes, ys, hs in records:
+        YJ, DYJ = np.empty((n, L)), np.empty((n, L))   # each lane's Jacobian state and its tangent
+        for lanes, ys, hs, fresh in records:
             m, k, y, h, fz, cix = self._pad(lanes, ys, hs, fz_full, cix_full, L)
             sc = self._scratch(m)
-            self._forward_stages(y, h, fz, cix, m, sc)
+            YJ[:, lanes[fresh]] = ys[:, fresh]
+            DYJ[:, lanes[fresh]] = dy.reshape(n, L)[:, lanes[fresh]]
+            allf = bool(fresh.all())
+            yj = None if allf else np.ascontiguousarray(YJ[:, lanes].reshape(-1))
+            self._forward_stages(y, h, fz, cix, m, sc, yj=yj)
             d = np.zeros(n * m)
             d.reshape(n, m)[:, :k] = dy.reshape(n, L)[:, lanes]
+            dj = d if allf else np.ascontiguousarray(DYJ[:, lanes].reshape(-1))
             dpm = None
             if dp is not None and self.jp is not None:
                 nl = self.nl
@@ -598,7 +651,7 @@ class Sensitivities:
                 k_nat = np.empty(n * m)
                 k_nat.reshape(n, m)[perm] = K[i, :n * m].reshape(n, m)
                 sec = self.sec
-                _hess_tlm(sc["D"], m, sec.row, sec.site, sec.pcol, k_nat, d, r)
+                _hess_tlm(sc["D"], m, sec.row, sec.site, sec.pcol, k_nat, dj, r)
                 if dpm is not None:
                     self.jp.apply(self.plan_p, sc["wsp"], dpm, r)
                     sp = self.sec_p
