@@ -266,7 +266,7 @@ def _integrate(f, jac, u0, t_span, *, n, lanes, pattern, perm=None, fields=None,
         J[:nnz * m] = 0.0
         jac(u, fz, m, J)
 
-    st = LeafStats(np.full(L, RUNNING, np.int8), *(np.zeros(L, np.int64) for _ in range(5)),
+    st = LeafStats(np.full(L, RUNNING, np.int8), *(np.zeros(L, np.int64) for _ in range(6)),   # nsteps … ndec
                    np.zeros(L), np.zeros(L))
     stepper = LaneStepper(METHODS[method], lu, p, ip, nf, 0, L, None, rhs, jacobian,
                           step == "shared", True)
