@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import atexit
 import os
+import resource
+import time
 import shutil
 import tempfile
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +46,28 @@ def pytest_report_header(config) -> str:
     return f"esmjac cache: {os.environ['ESMJAC_CACHE_DIR']}"
 
 
+#: What `make check` (``-m "not slow"``) leaves out, besides single tests
+#: that start a child process (each marked ``@pytest.mark.slow`` itself):
+#: whole files — the corpus, the peers, the docs build, the fuzz (a child
+#: process) — and every test using a fixture that starts processes: the
+#: two-process Dask cluster (``client``) and the cache tests' warm cache
+#: built by child processes (``warm``).
+SLOW_FILES = ("docs/", "benchmarks/test_corpus.py", "benchmarks/test_peers.py", "runtime/test_fuzz.py")
+SLOW_FIXTURES = frozenset({"client", "warm"})
+
+
+@pytest.hookimpl(tryfirst=True)          # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config, items) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        try:
+            rel = Path(str(item.fspath)).resolve().relative_to(here).as_posix()
+        except ValueError:
+            continue
+        if rel.startswith(SLOW_FILES) or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def reference():
     return need_reference()
@@ -64,3 +89,59 @@ def bandset():
         return _bandsets[key]
 
     return get
+
+
+# ---------------------------------------------------------------- CPU time per test
+# ``--durations`` reports wall time, which on a shared, loaded machine says
+# more about the neighbours than about the test. ``--cpu-durations=N`` lists
+# the N tests that used the most CPU (this process and the child processes
+# it waited for: Numba compiles, children, sphinx), setup + call + teardown.
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--cpu-durations", type=int, default=0, metavar="N",
+                     help="list the N tests that used the most CPU time (with their children)")
+
+
+def _cpu() -> float:
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + c.ru_utime + c.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    t0 = item.__dict__.pop("_esmjac_cpu0", None)
+    if t0 is not None:
+        outcome.get_result().user_properties.append(("cpu_s", _cpu() - t0))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    item._esmjac_cpu0 = _cpu()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item) -> None:
+    item._esmjac_cpu0 = _cpu()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item) -> None:
+    item._esmjac_cpu0 = _cpu()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    n = config.getoption("--cpu-durations")
+    if not n:
+        return
+    total: dict = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            for k, v in getattr(r, "user_properties", ()):
+                if k == "cpu_s":
+                    total[r.nodeid] = total.get(r.nodeid, 0.0) + v
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+    terminalreporter.write_sep("=", f"{min(n, len(total))} tests by CPU time (all: {sum(total.values()):.0f} s; "
+                               f"load average now {' '.join(f'{x:.1f}' for x in load)})")
+    for nodeid, v in sorted(total.items(), key=lambda kv: -kv[1])[:n]:
+        terminalreporter.write_line(f"{v:8.2f}s {nodeid}")

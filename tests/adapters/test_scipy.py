@@ -376,3 +376,20 @@ def test_a_recycled_jacobian_is_never_one_someone_still_reads(tropo):
     assert any(J3 is w() for J3 in again)
     for J3 in again:
         np.testing.assert_array_equal(J3.data, ref.data)
+
+
+def test_the_jacobian_form_is_decided_at_build():
+    """Each method's ``jac`` is its form's own function, fixed at build (no
+    per-call branch on the method), and a copy decides again."""
+    import dataclasses
+    doc = diffusion_model(12)
+    forms = {("BDF", False): "_jac_csc", ("Radau", False): "_jac_csc", ("LSODA", False): "_jac_dense",
+             ("LSODA", True): "_jac_banded"}
+    for (method, banded), name in forms.items():
+        prob = ivp(doc, method=method, banded=banded)
+        assert prob.jac.__func__ is getattr(IvpProblem, name) and prob.jac.__self__ is prob
+        copy = dataclasses.replace(prob, threads=1)
+        assert copy.jac.__self__ is copy
+        n0 = prob.njev
+        prob.jac(0.0, prob.y0)
+        assert prob.njev == n0 + 1

@@ -25,6 +25,7 @@ def test_block_byte_identical(fx, bandset):
     assert bandset(fx).block_json() == want
 
 
+@pytest.mark.slow
 def test_cli_prints_the_golden_bytes():
     need_reference()
     fx = "contracted_ops"

@@ -154,6 +154,7 @@ print("RESULT " + json.dumps({{"errors": errs, "fps": fps}}))
     assert r["errors"] == [] and len(set(r["fps"])) == 1 and len(r["fps"]) == 8
 
 
+@pytest.mark.slow
 def test_cold_cache_race_between_processes(tmp_path):
     """Three processes build the same model into one empty cache at once."""
     path = tmp_path / "chem.esm"
@@ -292,6 +293,7 @@ def test_no_build_product_is_a_pickle(case):
             [z[k] for k in z.files]
 
 
+@pytest.mark.slow
 def test_editing_a_referenced_file_rebuilds(tmp_path):
     """Item 3: the model is a ``ref`` to another file; editing that file
     changes the next build's Jacobian and defaults."""

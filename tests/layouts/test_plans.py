@@ -203,6 +203,7 @@ print(json.dumps(res))
 """
 
 
+@pytest.mark.slow
 def test_bitwise_identical_for_1_2_7_16_threads():
     root = pathlib.Path(__file__).resolve().parents[2]
     env = dict(os.environ, NUMBA_NUM_THREADS="16")

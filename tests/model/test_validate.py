@@ -102,6 +102,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "esmjac", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_cli_prints_code_and_message_once_without_traceback(tmp_path):
     doc = _doc(lambda m, d: d["index_sets"]["cell"].update(size=-1))
     f = tmp_path / "bad.esm"

@@ -124,6 +124,7 @@ def test_create_dispatches_to_module_factory(kind, fresh_plugins, monkeypatch):
     assert calls == [("m.esm", "Chem", {"rtol": 1e-6})]
 
 
+@pytest.mark.slow
 def test_cli_lists_adapters_without_importing_solvers():
     code = ("import sys; from esmjac.cli import main; rc = main(['adapters']); "
             "bad = [m for m in ('scikits.odes', 'scipy.integrate') if m in sys.modules]; "
@@ -156,6 +157,7 @@ def test_thirdparty_adapter_registered_like_builtins(thirdparty):
     assert plugins.plugin_manager().get_plugin("demo").__name__ == THIRDPARTY
 
 
+@pytest.mark.slow
 def test_thirdparty_listed_by_cli(thirdparty):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(thirdparty), env.get("PYTHONPATH")]))

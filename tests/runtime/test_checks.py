@@ -89,6 +89,7 @@ def test_a_workspace_whose_arrays_were_replaced_is_refused(progs):
         assert _code(e) == "bad_argument", (attr, val)
 
 
+@pytest.mark.slow
 def test_a_foreign_scratch_never_crashes_the_process(tmp_path):
     """The issue's reproduction (exit 139 in 2 of 3 runs), in a child so a
     crash fails this test rather than the run."""

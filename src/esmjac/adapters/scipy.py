@@ -78,6 +78,7 @@ class _Calls:
     pool_f: list = field(default_factory=list)    # fun's outputs (fresh_array)
     pool_j: list = field(default_factory=list)    # jac's (csc_matrix, values, indices, indptr) (_free_matrix)
     pool_d: list = field(default_factory=list)    # jac_data's outputs (fresh_array)
+    csc_matrix: Any = None     # scipy.sparse.csc_matrix, imported once by ivp()
 
 
 # ---------------------------------------------------------------------------
@@ -143,20 +144,43 @@ class IvpProblem(Problem):
                      self.p, t, self.forcing, data)
         return data
 
+    def __post_init__(self):
+        # Decided once, at build: the instance's own ``jac`` is the form
+        # ``method`` takes, so a call neither branches on the method nor
+        # imports SciPy (``dataclasses.replace`` decides again for the copy).
+        object.__setattr__(self, "jac", self._jac_form())
+
+    def _jac_form(self):
+        if self.method != "LSODA":
+            return self._jac_csc
+        return self._jac_banded if self.banded else self._jac_dense
+
     def jac(self, t, y):
-        """``∂f/∂y`` at (t, y) in the form ``method`` takes (see module doc)."""
-        from scipy.sparse import csc_matrix
+        """``∂f/∂y`` at (t, y) in the form ``method`` takes (see module doc):
+        a ``scipy.sparse.csc_matrix`` (BDF, Radau), a dense array (LSODA) or
+        LSODA's packed banded form (``banded=True``). A built problem's
+        ``jac`` is that form's method itself, chosen at build."""
+        return self._jac_form()(t, y)
+
+    def _jac_dense(self, t, y):
+        self.counters.njev += 1
+        n = self.n
+        data = self.jac_data(t, y)
+        out = np.zeros(n * n)
+        out[self._forms.dense_pos] = data
+        return out.reshape(n, n)
+
+    def _jac_banded(self, t, y):
+        self.counters.njev += 1
+        n, w = self.n, self.lband + self.uband + 1
+        data = self.jac_data(t, y)
+        out = np.zeros(w * n)
+        out[self._forms.band_pos] = data
+        return out.reshape(w, n)
+
+    def _jac_csc(self, t, y):
         self.counters.njev += 1
         n, fm, c = self.n, self._forms, self._calls
-        if self.method == "LSODA":
-            data = self.jac_data(t, y)
-            if self.banded:
-                out = np.zeros((self.lband + self.uband + 1) * n)
-                out[fm.band_pos] = data
-                return out.reshape(self.lband + self.uband + 1, n)
-            out = np.zeros(n * n)
-            out[fm.dense_pos] = data
-            return out.reshape(n, n)
         # The CSC plan writes SciPy's order directly; the (read-only) index
         # arrays are shared by every matrix returned. A matrix returned
         # before is refilled only when nobody holds it, its values or a
@@ -165,7 +189,7 @@ class IvpProblem(Problem):
         # per call at 10⁴ cells, ~8% of the Jacobian itself.
         m, d = _free_matrix(c.pool_j, c.run_csc, (n, n))
         if m is None:
-            m = csc_matrix((np.empty(c.nnz), fm.csc_indices, fm.csc_indptr), shape=(n, n))
+            m = c.csc_matrix((np.empty(c.nnz), fm.csc_indices, fm.csc_indptr), shape=(n, n))
             d = m.data
             if len(c.pool_j) < 4:
                 c.pool_j.append((m, d, m.indices, m.indptr))
@@ -283,7 +307,8 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
         dense_pos = rows * n + cols
     ws = j.new_workspace(keep_slab=False)
     calls = _Calls(ws, plan.out_size(ws.lanes), r.bind(),
-                   run_csr=j.bind(plan, ws, keep_point=False) if method == "LSODA" else None)
+                   run_csr=j.bind(plan, ws, keep_point=False) if method == "LSODA" else None,
+                   csc_matrix=csc_matrix)
     csc = j.plan(Csc(), source=r)
     if METHODS[method] and method != "LSODA":
         calls.run_csc = j.bind(csc, ws, keep_point=False)
