@@ -55,3 +55,24 @@ def test_the_version_has_one_source():
         assert version("esmjac") == esmjac.__version__
     except PackageNotFoundError:          # run from a source tree without an install
         pass
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_each_factory_documents_every_parameter_numpydoc_style(name):
+    """A ``Parameters`` section (numpydoc, rendered by napoleon) naming each
+    parameter of the factory's signature."""
+    import inspect
+    import re
+    fn = getattr(esmjac, name)
+    doc = inspect.getdoc(fn)
+    assert "\nParameters\n----------\n" in doc
+    section = doc.split("\nParameters\n----------\n", 1)[1]
+    section = re.split(r"\n\S[^\n]*\n-{3,}\n", section)[0]      # up to the next section
+    documented = set()
+    for line in section.splitlines():
+        if line and not line[0].isspace():
+            head = line.split(" : ")[0]
+            documented |= {n.strip().lstrip("*") for n in head.split(",")}
+    want = {p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD or name in ("cvode", "ida", "create")}
+    assert want <= documented, sorted(want - documented)

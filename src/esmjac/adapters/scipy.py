@@ -259,19 +259,47 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
         threads="auto", build_options=None, **options) -> IvpProblem:
     """Build an :class:`IvpProblem` for ``scipy.integrate.solve_ivp``.
 
-    ``source``: an ``.esm`` path, a document dict or JSON text; ``model``
-    chooses a model. ``method``: a ``solve_ivp`` method (``BDF`` default,
-    ``Radau``, ``LSODA``; explicit ``RK45``/``RK23``/``DOP853`` get no
-    Jacobian). ``p``/``forcing``/``y0``: ``None`` (the document's defaults),
-    a full flat vector, or a dict of overrides keyed by variable name (a
-    scalar or an array of its shape) or element name (``"Chem.O3[3]"``).
-    ``banded=True`` (LSODA only): ``jac`` returns LSODA's packed banded form;
-    refused when the pattern is not banded (bandwidth > n/2).
-    ``threads``: numba threads for ``fun``/``jac`` (``"auto"``: one thread
-    below :data:`AUTO_SERIAL_BELOW` unknowns; above, one thread or numba's
-    thread count, whichever a timed call at build time finds faster --
-    ``prob.threads`` says which; ``None``: numba's setting; an int). ``build_options``: options of
-    ``RhsProgram.build``/``JacobianProgram.build``.
+    The right-hand side and the exact state Jacobian are compiled once;
+    ``prob.solve(t_span)`` (or ``solve_ivp(prob.fun, ..., jac=prob.jac)``)
+    then integrates.
+
+    Parameters
+    ----------
+    source : str, os.PathLike or dict
+        An ``.esm`` path, a document dict or its JSON text.
+    model : str, optional
+        The model to build (default: the whole document, flattened).
+    method : str
+        A ``solve_ivp`` method: ``"BDF"`` (default), ``"Radau"``,
+        ``"LSODA"``; the explicit ``"RK45"``/``"RK23"``/``"DOP853"`` get
+        no Jacobian.
+    p, forcing, y0 : array_like or dict, optional
+        None (the document's defaults), a full flat vector, or a dict of
+        overrides keyed by variable name (a scalar or an array of its
+        shape) or element name (``"Chem.O3[3]"``).
+    banded : bool
+        LSODA only: ``jac`` returns LSODA's packed banded form; refused
+        when the pattern is not banded (bandwidth > n/2).
+    threads : "auto", int or None
+        Numba threads for ``fun``/``jac``. ``"auto"``: one thread below
+        :data:`AUTO_SERIAL_BELOW` unknowns; above, one thread or Numba's
+        thread count, whichever a timed call at build time finds faster
+        (``prob.threads`` says which). None: Numba's setting.
+    build_options : dict, optional
+        Options of ``RhsProgram.build``/``JacobianProgram.build``.
+
+    Returns
+    -------
+    IvpProblem
+        ``fun``, ``jac`` (in the form ``method`` takes, chosen here),
+        ``y0``, ``jac_sparsity``, ``solve`` and call counters.
+
+    Raises
+    ------
+    JacError
+        ``bad_option`` for an unknown option or method, or ``banded`` with
+        a method other than LSODA or an unbanded pattern; the build's own
+        codes for a document that cannot be compiled.
     """
     if options:
         raise JacError("bad_option", f"unknown option(s) {', '.join(sorted(options))} of scipy.ivp; "

@@ -735,23 +735,51 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
           jtimes="newton", threads="auto", build_options=None, **options) -> SundialsProblem:
     """A CVODE (BDF, Newton) solver for ``source`` with esmjac's exact Jacobian.
 
-    ``linsolver``: ``"auto"`` (default: ``"spgmr"`` + ``precond="block"``
-    when the Jacobian is block-diagonal -- per-cell
-    chemistry -- else ``"dense"``; ``problem.note`` says which and why),
-    ``"dense"`` (analytic ``jacfn``), ``"spgmr"``/``"spbcgs"``/
-    ``"sptfqmr"`` (analytic J·v), ``"band"`` (difference-quotient band
-    Jacobian, bandwidths from the pattern). ``precond``: ``"block"``,
-    ``"banded"`` or ``None`` (Krylov only; ``axis`` = ColumnBanded axis).
-    ``jtimes``: ``"newton"`` evaluates J at every linear solve's (t, y)
-    (exact Newton–Krylov); ``"setup"`` (with a preconditioner) reuses the
-    Jacobian the preconditioner setup evaluated, so J is evaluated only
-    when CVODE asks for a new one (``jok`` false).
-    ``jacobian=False``: give SUNDIALS no Jacobian callbacks (its own
-    difference quotients). ``p``/``forcing``/``y0``: as in
-    :func:`esmjac.adapters.scipy.ivp`, and so is ``threads`` (numba threads of
-    every callback; ``"auto"`` measures one thread against numba's count at
-    build time on problems above 20,000 unknowns). Other ``options`` (``max_steps``,
-    ``maxl``, ``lmm_type``, ``max_step_size``...) go to scikits.odes.
+    Parameters
+    ----------
+    source : str, os.PathLike or dict
+        An ``.esm`` path, a document dict or its JSON text.
+    model : str, optional
+        The model to build (default: the whole document, flattened).
+    linsolver : str
+        ``"auto"`` (default: ``"spgmr"`` + ``precond="block"`` when the
+        Jacobian is block-diagonal -- per-cell chemistry -- else
+        ``"dense"``; ``problem.note`` says which and why), ``"dense"``
+        (analytic ``jacfn``), ``"spgmr"``/``"spbcgs"``/``"sptfqmr"``
+        (analytic J·v), ``"band"`` (difference-quotient band Jacobian,
+        bandwidths from the pattern).
+    precond : str or None
+        ``"block"``, ``"banded"`` or None (Krylov solvers only).
+    jacobian : bool
+        False: give SUNDIALS no Jacobian callbacks (its own difference
+        quotients).
+    rtol, atol : float
+        CVODE's tolerances.
+    p, forcing, y0 : array_like or dict, optional
+        As in :func:`esmjac.adapters.scipy.ivp`.
+    axis : str, optional
+        The ColumnBanded axis of ``precond="banded"``.
+    precond_type : str
+        ``"left"`` (default), ``"right"`` or ``"both"``.
+    jtimes : str
+        ``"newton"`` evaluates J at every linear solve's (t, y) (exact
+        Newton–Krylov); ``"setup"`` (with a preconditioner) reuses the
+        Jacobian the preconditioner setup evaluated, so J is evaluated only
+        when CVODE asks for a new one (``jok`` false).
+    threads : "auto", int or None
+        Numba threads of every callback, as in ``ivp`` (``"auto"``
+        measures one thread against Numba's count at build time on
+        problems above 20,000 unknowns).
+    build_options : dict, optional
+        Options of ``RhsProgram.build``/``JacobianProgram.build``.
+    **options
+        Passed to scikits.odes (``max_steps``, ``maxl``, ``lmm_type``,
+        ``max_step_size``...).
+
+    Returns
+    -------
+    SundialsProblem
+        The configured solver, its callbacks and counters.
     """
     return _build("cvode", source, model=model, linsolver=linsolver, precond=precond,
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
@@ -766,9 +794,27 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
 
     ``jacfn`` (dense) fills ``cj I − ∂f/∂y``; Krylov solvers
     (``"spgmr"``/``"spbcg"``/``"sptfqmr"``) get the exact ``(cj I − J) v``.
-    ``precond`` is refused (scikits.odes 2.7 cannot call an IDA
-    preconditioner); ``linsolver="auto"`` (default) is therefore ``"dense"``. ``solve(tout)`` starts from ``y0`` and ``ẏ0 = f(t0, y0)``.
-    Other arguments as in :func:`cvode`.
+    ``solve(tout)`` starts from ``y0`` and ``ẏ0 = f(t0, y0)``.
+
+    Parameters
+    ----------
+    source, model, jacobian, rtol, atol, p, forcing, y0, axis, threads, build_options
+        As in :func:`cvode`.
+    linsolver : str
+        ``"auto"`` (default, ``"dense"``: see ``precond``), ``"dense"``,
+        ``"spgmr"``, ``"spbcg"`` or ``"sptfqmr"``.
+    precond : None
+        Refused otherwise: scikits.odes 2.7 cannot call an IDA
+        preconditioner.
+    precond_type : str
+        As in :func:`cvode` (unused without a preconditioner).
+    **options
+        Passed to scikits.odes.
+
+    Returns
+    -------
+    SundialsProblem
+        The configured solver, its callbacks and counters.
     """
     return _build("ida", source, model=model, linsolver=linsolver, precond=precond,
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,

@@ -806,40 +806,84 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                hold: tuple = HOLD, **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
-    ``p``: parameter overrides (dict name → value, or all values in
-    :attr:`RosenbrockLeaf.param_names` order); per-cell fields go in
-    ``forcing`` (see :meth:`RosenbrockLeaf.advance`).
-    ``method``: ``"rodas3"`` (default, stiffly accurate, order 3(2)), ``"ros3"``
-    or ``"ros34pw2"`` (a Rosenbrock–W method, order 3(2), L-stable, stiffly
-    accurate: its order holds with an old Jacobian, so each lane may reuse
-    its Jacobian and LU over several steps).
-    ``reuse``: per-lane Jacobian/LU reuse (W-methods only; None = on for a
-    W-method): each lane keeps its Jacobian for at most ``max_jac_age``
-    accepted steps (a new one after a rejection unless it is at the current
-    state), and its factorisation — holding its step at the factorised one —
-    while the controller proposes a step within ``hold = (lo, hi)`` times it.
-    ``stats.njev``/``stats.ndec`` count each lane's Jacobians and LUs.
-    ``rtol``; ``atol``: None (default) = :data:`ATOL_FRACTION` times each
-    species' scale in the document's initial state; or a number, one value
-    per species, or a dict species → value.
-    ``step``: ``"lane"`` (default; every lane its own step size) or
-    ``"shared"`` (one step size for all lanes, the stiffest sets it).
-    ``threads``: worker threads over lane blocks, as for ``ivp``/``cvode``:
-    ``"auto"`` (default: one per :data:`AUTO_LANES_PER_THREAD` lanes, at
-    most the cores), None (numba's thread count) or an int. Results are
-    bitwise the same for any value.
-    ``compact``: squeeze finished lanes out between steps (default) or mask
-    them. ``clip_negative``: set negative concentrations of accepted steps
-    to 0 (off by default: Rosenbrock methods conserve mass and linear
-    invariants only without clipping). ``max_steps``: attempts per lane per
-    call; ``max_rejects``: consecutive rejections before a lane gives up.
-    ``tile``: lane tile width of the Jacobian's slot storage (LaneSparseBlocks'
-    ``tile``; default :data:`~esmjac.layouts.types.DEFAULT_TILE`, 16; None:
-    one tile of the active lanes). The iteration matrix ``I/(hγ) − J`` is
-    written, in the same pass that assembles it, in the factorization's own
-    ``CHUNK``-lane tiles (:func:`esmjac.integrators.lanestep.lu_tile`).
-    Results are bitwise the same for any value; the default measured fastest
-    (benchmarks/leaf.py "L4").
+    Parameters
+    ----------
+    source : str, os.PathLike or dict
+        An ``.esm`` path, a document dict or its JSON text.
+    model : str, optional
+        The model to build (default: the whole document, flattened).
+    p : dict or array_like, optional
+        Parameter overrides (dict name → value, or all values in
+        :attr:`RosenbrockLeaf.param_names` order); per-cell fields go in
+        ``forcing``.
+    forcing : dict or array_like, optional
+        Per-cell fields (see :meth:`RosenbrockLeaf.advance`).
+    method : str
+        ``"rodas3"`` (default, stiffly accurate, order 3(2)), ``"ros3"`` or
+        ``"ros34pw2"`` (a Rosenbrock–W method, order 3(2), L-stable,
+        stiffly accurate: its order holds with an old Jacobian, so each lane
+        may reuse its Jacobian and LU over several steps).
+    rtol : float
+        Relative tolerance.
+    atol : float, array_like or dict, optional
+        None (default): :data:`ATOL_FRACTION` times each species' scale in
+        the document's initial state; or a number, one value per species,
+        or a dict species → value.
+    step : str
+        ``"lane"`` (default; every lane its own step size) or ``"shared"``
+        (one step size for all lanes, the stiffest sets it).
+    threads : "auto", int or None
+        Worker threads over lane blocks, as for ``ivp``/``cvode``:
+        ``"auto"`` (default: one per :data:`AUTO_LANES_PER_THREAD` lanes,
+        at most the cores), None (Numba's thread count) or an int. Results
+        are bitwise the same for any value.
+    compact : bool
+        Squeeze finished lanes out between steps (default) or mask them.
+    clip_negative : bool
+        Set negative concentrations of accepted steps to 0 (off by default:
+        Rosenbrock methods conserve mass and linear invariants only without
+        clipping).
+    max_steps : int
+        Attempts per lane per call.
+    max_rejects : int
+        Consecutive rejections before a lane gives up.
+    h0 : float or ndarray, optional
+        The first step size: a positive number or one per lane, e.g. a
+        previous solution's ``h`` (default: chosen per lane).
+    tile : int or None
+        Lane tile width of the Jacobian's slot storage (LaneSparseBlocks'
+        ``tile``; default :data:`~esmjac.layouts.types.DEFAULT_TILE`, 16;
+        None: one tile of the active lanes). The iteration matrix
+        ``I/(hγ) − J`` is written, in the same pass that assembles it, in
+        the factorization's own ``CHUNK``-lane tiles
+        (:func:`esmjac.integrators.lanestep.lu_tile`). Results are bitwise
+        the same for any value; the default measured fastest
+        (benchmarks/leaf.py "L4").
+    options : dict, optional
+        Options of ``RhsProgram.build``/``JacobianProgram.build``.
+    reuse : bool, optional
+        Per-lane Jacobian/LU reuse (W-methods only; None = on for a
+        W-method): each lane keeps its Jacobian for at most
+        ``max_jac_age`` accepted steps (a new one after a rejection unless
+        it is at the current state), and its factorisation — holding its
+        step at the factorised one — while the controller proposes a step
+        within ``hold`` times it. ``stats.njev``/``stats.ndec`` count each
+        lane's Jacobians and LUs.
+    max_jac_age : int
+        See ``reuse`` (default :data:`MAX_JAC_AGE`).
+    hold : tuple of float
+        ``(lo, hi)``, see ``reuse`` (default :data:`HOLD`).
+
+    Returns
+    -------
+    RosenbrockLeaf
+        The leaf; :meth:`RosenbrockLeaf.advance` integrates lanes.
+
+    Raises
+    ------
+    JacError
+        ``bad_option`` for an unknown option; ``nonuniform_pattern`` for a
+        model that couples cells (use ``scipy.ivp`` or ``sundials.cvode``).
     """
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")

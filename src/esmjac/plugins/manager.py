@@ -61,10 +61,31 @@ def _kinds(adapters) -> list[str]:
 def create(kind: str, source: Any, **options: Any) -> Any:
     """Create the solver-facing object of ``kind`` (e.g. ``"scipy.ivp"``) for ``source``.
 
-    Raises :class:`~esmjac.errors.JacError` ``bad_option`` when no installed
-    adapter provides ``kind``, and ``adapter_unavailable`` when the adapter
-    that provides it cannot be used here (its solver package is missing).
     The latest-registered usable provider's factory is called.
+
+    Parameters
+    ----------
+    kind : str
+        An adapter kind, ``"<adapter>.<factory>"``: ``"scipy.ivp"``,
+        ``"sundials.cvode"``, ``"native.rosenbrock"``... (``esmjac
+        adapters`` lists those installed).
+    source : str, os.PathLike or dict
+        An ``.esm`` path, a document dict or its JSON text.
+    **options
+        The factory's own options.
+
+    Returns
+    -------
+    object
+        What the factory returns (an ``IvpProblem``, a ``SundialsProblem``,
+        a ``RosenbrockLeaf``...).
+
+    Raises
+    ------
+    JacError
+        ``bad_option`` when no installed adapter provides ``kind``;
+        ``adapter_unavailable`` when the adapter that provides it cannot be
+        used here (its solver package is missing).
     """
     adapters = _adapters()
     providers = [a for a in adapters if kind in a.kinds]
