@@ -124,3 +124,24 @@ def test_product_code_covers_every_module_a_product_is_computed_by():
         assert not _covered(m)
     for rel in cache.PRODUCT_CODE + cache.KERNEL_CODE:
         assert (Path(cache.__file__).resolve().parent.parent / rel).exists(), rel
+
+
+def test_a_serial_twin_is_keyed_by_its_modules_sources(monkeypatch):
+    """A serial twin runs with its module's globals (helpers compiled into
+    its Numba cache entry): its source, and so its kernel key, names the hash
+    of those modules' files, which changes when a helper does."""
+    from esmjac.compile.tape import run_tape
+    from esmjac.runtime import bound
+
+    h = bound._sources_hash(run_tape.py_func.__module__)
+    assert len(h) == 24
+    real = open
+
+    def edited(f, mode="r", *a, **k):
+        fh = real(f, mode, *a, **k)
+        if str(f).endswith("tape.py") and "b" in mode:
+            import io
+            return io.BytesIO(fh.read() + b"\n# a helper edited\n")
+        return fh
+    monkeypatch.setattr("builtins.open", edited)
+    assert bound._sources_hash(run_tape.py_func.__module__) != h

@@ -58,14 +58,39 @@ def serial_twin(fn):
         lines = textwrap.dedent(inspect.getsource(py)).splitlines()
         body = "\n".join(x for x in lines if not x.startswith("@")).replace("nb.prange(", "range(")
         src = ("# esmjac: serial twin of {mod}.{name} (generated; do not edit)\n"
+               "# from source {code}\n"
                "import importlib as _il\n"
                "import numba as nb\n"
                "_m = _il.import_module({mod!r})\n"
                "globals().update({{k: v for k, v in vars(_m).items() if not k.startswith('__')}})\n"
                "\n\n@nb.njit(cache=True, nogil=True, error_model='numpy')\n{body}\n"
-               ).format(mod=py.__module__, name=py.__name__, body=body)
+               ).format(mod=py.__module__, name=py.__name__, body=body, code=_sources_hash(py.__module__))
         tw = _TWINS[fn] = getattr(load_source(src), py.__name__)
     return tw
+
+
+def _sources_hash(modname: str) -> str:
+    """SHA-256 of the source files of ``modname`` and of every esmjac module
+    whose functions it holds: a twin runs with that module's globals (its
+    helpers, inlined into the twin's Numba cache entry), so its cache key —
+    the hash of the twin's own source, which names this — must change with
+    them, not only with the twinned function's text."""
+    import hashlib
+    import sys
+
+    mod = sys.modules[modname]
+    names = {modname}
+    for v in vars(mod).values():
+        m = getattr(getattr(v, "py_func", v), "__module__", None)
+        if isinstance(m, str) and m.split(".")[0] == "esmjac":
+            names.add(m)
+    h = hashlib.sha256()
+    for name in sorted(names):
+        f = getattr(sys.modules.get(name), "__file__", None)
+        if f:
+            with open(f, "rb") as fh:
+                h.update(name.encode() + b"\0" + fh.read() + b"\0")
+    return h.hexdigest()[:24]
 
 
 _DRIVERS: dict = {}
