@@ -1,0 +1,436 @@
+"""The real workload (issue #25, DESIGN §10 P1): GEOS-Chem fullchem on 10³–10⁵ cells.
+
+    python benchmarks/realworkload.py [--mech PATH] [--cells 1000,10000] [--reps 2]
+                                      [--rtol 1e-3] [--cvode-cells 64] [--out results-rw.json]
+
+``--mech`` (or ``$ESMJAC_GC_MECH``; default ``/work/mech/geoschem_fullchem.esm``)
+is the published EarthSciML/EarthSciModels file (esm 0.4.0
+``reaction_systems``; never vendored) or its conversion
+(``benchmarks/gcmech.py``); absent, the benchmark says so and exits 0.
+
+Per-cell conditions (seeded, plausible; :func:`conditions`): temperature
+260–300 K, pressure 500–1013 hPa (``num_density = P/(R T)`` in mol m⁻³, the
+mechanism's unit), solar zenith angle 0–180° — a cell whose angle is ≥ 90°
+is night (every ``j_* = 0``), by day ``j = j_noon · cos(SZA)`` with clear-sky
+noon values by photolysed species (NO2 8e-3 s⁻¹, NO3 0.17/0.02, O3→O(¹D)
+3e-5, …, 1e-5 for the rest); aerosol mass-transfer ``k_mt*`` and cloud
+``k_cld*`` uptake rates > 0. The published defaults of all of these are 0,
+and with the published species defaults (SALAAL, SALCAL, SO2 = 0) the rate
+laws ``k_mt1/SALAAL`` (R1), ``k_mt4/SALCAL`` (R4) and ``k_cld6/SO2`` (R12)
+are 0/0 = NaN: a new user's first run produces NaN. Here every species the
+source leaves at 0 starts at 1e-2 ppb (scaled per cell by 10^U(−½, ½) like
+every other species), so those divisions are finite. One 20-minute chemistry
+step (``leaf.advance(u, 0, 1200)``), ``rtol`` 1e-3, one thread.
+
+Definitions. A *cell-step* is one step attempt of one cell (what KPP's and
+MICM's per-step figures count: one Jacobian, one factorisation, the stages'
+solves and right-hand sides); "per 20 min" is per cell per chemistry step.
+Parts (RHS, Jacobian, LU, solves) are the leaf's own bound calls timed one by
+one on every recorded step attempt of one traced run (benchmarks/leaf.py
+"L4"); "step control + Python" is the rest of the measured total. Accuracy:
+max relative error over species above 1e3·atol against a tight BDF solve
+(``solve_ivp`` BDF, esmjac's exact sparse Jacobian, rtol 1e-8) of sampled
+cells. Byte and flop bounds per cell-step: the LU (Markowitz order with
+fill-in; one division per multiplier, one multiply-subtract per update) and
+the stages' solves in flops, and the slots a step must write and read once
+(J, the iteration matrix, stage vectors) in bytes, against the measured
+streaming bandwidth of this machine (a NumPy copy) and its scalar double
+peak.
+
+Anchors (measured on this machine class by the issue's author, one thread,
+quoted from DESIGN §10 — not vendored, not rerun here): KPP 3.x Rodas3 on
+GEOS-Chem fullchem (291 species) ≈ 100 µs per cell-step; NCAR MICM 3.13 on
+TS1 (209 species) 41 µs per cell-step at 64 cells, 98–128 µs at 1,024.
+
+CVODE (BDF, GMRES with esmjac's block preconditioner) runs on the first
+``--cvode-cells`` cells (its cost per cell grows with the grid; measured
+where it runs in reasonable time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent)) if __name__ == "__main__" else None  # noqa: E702
+
+DT = 1200.0
+R_GAS = 8.314462618
+DEFAULT_MECH = "/work/mech/geoschem_fullchem.esm"
+ANCHORS = [
+    {"route": "KPP 3.x Rodas3 (anchor, GEOS-Chem fullchem 291 sp., 1 cell/call)", "us_per_cell_step": 100.0},
+    {"route": "NCAR MICM 3.13 (anchor, TS1 209 sp., 64 cells vector4)", "us_per_cell_step": 41.0},
+    {"route": "NCAR MICM 3.13 (anchor, TS1 209 sp., 1,024 cells)", "us_per_cell_step": "98-128"},
+]
+#: Clear-sky noon photolysis frequencies (s⁻¹) by photolysed species (and,
+#: where a species has two channels, by j index); everything else 1e-5.
+J_NOON = {"NO2": 8e-3, "O3": {2: 4e-4, 3: 3e-5}, "NO3": {12: 0.17, 13: 0.02}, "HNO2": 1.5e-3,
+          "H2O2": 7e-6, "CH2O": {7: 3e-5, 8: 4e-5}, "MP": 5e-6, "HNO3": 6e-7, "N2O5": 3e-5,
+          "HNO4": 1e-5, "O2": 1e-11, "ClNO3": 3e-5, "Cl2": 2e-3, "Br2": 3e-2, "BrO": 4e-2, "IO": 0.1,
+          "I2": 0.1, "HOBr": 2e-3, "HOCl": 2e-4, "ClNO2": 3e-4, "HOI": 5e-3, "GLYX": 8e-5, "MGLY": 1e-4}
+J_DEFAULT = 1e-5
+
+
+def _cpu(fn):
+    t0 = time.thread_time()
+    r = fn()
+    return time.thread_time() - t0, r
+
+
+def _load():
+    return round(os.getloadavg()[0], 2)
+
+
+# --------------------------------------------------------------------------
+# the document and the conditions
+# --------------------------------------------------------------------------
+
+def box_doc(path: str) -> dict:
+    """The scalar box model (converted from the published file when needed)."""
+    doc = json.loads(Path(path).read_text())
+    if "reaction_systems" in doc:
+        from gcmech import box_document
+        doc = box_document(doc)
+    return doc
+
+
+def cell_parameters(doc: dict) -> list:
+    """The parameters that vary per cell: T, num_density, photolysis, uptake."""
+    (m,) = doc["models"].values()
+    return [n for n, v in m["variables"].items() if v["type"] == "parameter"
+            and (n in ("T", "num_density") or n.startswith(("j_", "k_mt", "k_cld")))]
+
+
+def _photolysed(doc: dict) -> dict:
+    """j name → the species it photolyses (from the rate terms ``j_k * X``)."""
+    (m,) = doc["models"].values()
+    out = {}
+
+    def walk(e):
+        if isinstance(e, dict):
+            a = e.get("args", [])
+            if e.get("op") == "*" and len(a) >= 2:
+                js = [x for x in a if isinstance(x, str) and x.startswith("j_")]
+                sp = [x for x in a if isinstance(x, str) and not x.startswith("j_")
+                      and m["variables"].get(x, {}).get("type") in ("unknown", "parameter")]
+                if len(js) == 1 and sp:
+                    out.setdefault(js[0], sp[-1])
+            for x in a:
+                walk(x)
+    for eq in m["equations"]:
+        walk(eq["rhs"])
+    return out
+
+
+def conditions(doc: dict, names: list, L: int, seed: int = 0) -> tuple:
+    """(forcing (len(names), L), initial states (n, L) in the document's species
+    order, info) for ``L`` cells."""
+    rng = np.random.default_rng(seed)
+    T = rng.uniform(260.0, 300.0, L)
+    P = rng.uniform(50_000.0, 101_325.0, L)
+    nd = P / (R_GAS * T)
+    sza = rng.uniform(0.0, 180.0, L)
+    mu = np.maximum(np.cos(np.radians(sza)), 0.0)
+    phot = _photolysed(doc)
+    F = np.empty((len(names), L))
+    for i, n in enumerate(names):
+        if n == "T":
+            F[i] = T
+        elif n == "num_density":
+            F[i] = nd
+        elif n.startswith("j_"):
+            sp = phot.get(n)
+            v = J_NOON.get(sp, J_DEFAULT)
+            if isinstance(v, dict):
+                v = v.get(int(n[2:]), J_DEFAULT)
+            F[i] = v * mu
+        elif n.startswith("k_mt"):
+            F[i] = 10 ** rng.uniform(-7.0, -5.0, L)     # mass transfer, per ppb per s
+        else:
+            F[i] = 10 ** rng.uniform(-7.0, -5.0, L)     # cloud uptake
+    (m,) = doc["models"].values()
+    species = [n for n, v in m["variables"].items() if v["type"] == "unknown"]
+    base = np.array([float(m["variables"][s]["default"]) or 1e-2 for s in species])
+    U = base[:, None] * 10 ** rng.uniform(-0.5, 0.5, (len(species), L))
+    info = {"night_cells": int(np.sum(mu == 0.0)), "T_range": [float(T.min()), float(T.max())],
+            "num_density_range": [float(nd.min()), float(nd.max())],
+            "zero_default_species_set_to_1e-2": int(np.sum(base == 1e-2))}
+    return np.ascontiguousarray(F), np.ascontiguousarray(U), info
+
+
+def lifted(doc: dict, k: int) -> dict:
+    from esmjac.models.mechanism import lift
+    return lift(doc, k, cell_parameters=cell_parameters(doc))
+
+
+# --------------------------------------------------------------------------
+# reference and routes
+# --------------------------------------------------------------------------
+
+def reference(doc: dict, idx, U, F, rtol_ref: float = 1e-8):
+    """Tight BDF (exact sparse Jacobian) on cells ``idx``: (n, k) final states."""
+    from esmjac.adapters.scipy import ivp
+    k = len(idx)
+    y0 = np.ascontiguousarray(U[:, idx].reshape(-1))
+    prob = ivp(lifted(doc, k), y0=y0, threads=1, forcing=np.ascontiguousarray(F[:, idx].reshape(-1)),
+               build_options={"progress": False})
+    sol = prob.solve((0.0, DT), rtol=rtol_ref, atol=rtol_ref * 1e-6 * np.maximum(np.abs(y0), 1e-2))
+    if not sol.success:
+        raise RuntimeError(f"reference BDF failed: {sol.message}")
+    return sol.y[:, -1].reshape(-1, k)
+
+
+def rel_err(y, ref, atol_s):
+    big = np.abs(ref) > 1e3 * atol_s[:, None]
+    return float(np.max(np.abs(y - ref)[big] / np.abs(ref[big])))
+
+
+class _Trace:
+    """Records every Jacobian call of the leaf's steppers (the step attempts)."""
+
+    def __init__(self, steppers):
+        self.calls, self.steppers, self.saved = [], steppers, [s.jac for s in steppers]
+        for b, st in enumerate(steppers):
+            st.jac = self._wrap(b, st, st.jac)
+
+    def _wrap(self, b, st, jac):
+        def j(u, fz, cix, m, out):
+            n, nf, ncd = st.n, st.nf, st.ncd
+            self.calls.append((b, m, u[:n * m].copy(), fz[:max(nf * m, 1)].copy(),
+                               cix[:max(ncd * m, 1)].copy(), st.hs[:m].copy()))
+            return jac(u, fz, cix, m, out)
+        return j
+
+    def restore(self):
+        for s, j in zip(self.steppers, self.saved):
+            s.jac = j
+
+
+def _bandwidth() -> float:
+    a = np.ones(16_000_000)
+    b = np.empty_like(a)
+    best = 1e9
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.nbytes / best
+
+
+def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace=True, ref=None,
+               hoisted=False):
+    """One leaf route on ``L`` cells: its CPU time per cell-step, its parts and accuracy."""
+    from esmjac.adapters.native import rosenbrock
+    from leaf import _time_bound
+    names = cell_parameters(doc)
+    t0 = time.process_time()
+    if hoisted:
+        obj = HoistedRates(doc, rtol, leaf_kw)
+        leaf = obj.leaf
+    else:
+        obj = leaf = rosenbrock(lifted(doc, 1), rtol=rtol, threads=1, options={"progress": False},
+                                **(leaf_kw or {}))
+        assert list(leaf.forcing_names) == names, (leaf.forcing_names[:4], names[:4])
+    build = time.process_time() - t0
+    n = leaf.n_species
+    F, U, info = conditions(doc, names, L)
+    u0 = np.ascontiguousarray(U.reshape(-1))
+    fz = np.ascontiguousarray(F.reshape(-1))
+    v = u0.copy()
+    st = obj.advance(v, 0.0, DT, forcing=fz)               # warm-up (scratch, first calls)
+    if not st.success:
+        raise RuntimeError(f"{label}: {st.message}")
+    final = v.copy()
+    res = {"route": label, "cells": L, "species": n, "build_cpu_s": build, "cpu": [], "load": [],
+           "attempts": int(st.nsteps.sum()), "accepted": int(st.naccept.sum()),
+           "rejected": int(st.nreject.sum()), "njev": int(st.njev.sum()), "nfev": int(st.nfev.sum()),
+           "conditions": info, "lu_slots": int(leaf._lu.nnz), "lu_flops": list(leaf._lu.flops),
+           "jac_engine": leaf.jac_program.kernel.engine, "rhs_engine": leaf.rhs_program.kernel.engine}
+    for _ in range(reps):
+        v = u0.copy()
+        load = _load()
+        c, st = _cpu(lambda: obj.advance(v, 0.0, DT, forcing=fz))
+        assert np.array_equal(v, final), "the leaf is not deterministic run to run"
+        res["cpu"].append(c)
+        res["load"].append(load)
+    cpu = statistics.median(res["cpu"])
+    res["cpu_median"] = cpu
+    res["us_per_cell_step"] = cpu / res["attempts"] * 1e6
+    res["us_per_cell_20min"] = cpu / L * 1e6
+    res["cell_steps_per_s"] = res["attempts"] / cpu
+    res["cells_per_s"] = L / cpu
+    res["steps_per_cell"] = res["attempts"] / L
+    if trace:
+        lf_fz = obj.forcing_of(fz, L) if hoisted else fz
+        steppers = leaf._scratch_for(L, 1)[1]
+        tr = _Trace(steppers)
+        v = u0.copy()
+        leaf.advance(v, 0.0, DT, forcing=lf_fz)
+        tr.restore()
+        assert np.array_equal(v, final)
+        parts = _time_bound(steppers, tr.calls)
+        parts = {k: val / res["attempts"] * 1e6 for k, val in parts.items()}
+        if hoisted:
+            c, _ = _cpu(lambda: obj.forcing_of(fz, L))
+            parts["rate coefficients (once per 20 min)"] = c / res["attempts"] * 1e6
+        parts["step control + Python"] = res["us_per_cell_step"] - sum(parts.values())
+        res["parts_us_per_cell_step"] = parts
+        res["block_steps"] = len(tr.calls)
+    if ref is not None:
+        idx, yref = ref
+        res["err_vs_bdf"] = rel_err(final.reshape(n, L)[:, idx], yref, np.asarray(leaf.atol))
+    # bounds per cell-step: LU + stage solves in flops; J + W written, W read by the solves, in bytes
+    fac, sol = leaf._lu.flops
+    stages = leaf._tab.stages
+    nnz = leaf._lu.nnz
+    res["bounds"] = {"lu_solve_flops": 2 * fac + stages * 2 * sol,
+                     "bytes_min_streamed": 8 * (nnz + 2 * nnz + stages * nnz + 6 * stages * n)}
+    out.setdefault("routes", []).append(res)
+    return obj, res, (u0, fz, final)
+
+
+class HoistedRates:
+    """The KPP split: rate coefficients once per chemistry step (per cell),
+    then a leaf on the pure mass-action kinetics (:func:`gcmech.split_rates`).
+    ``advance(u, fz)`` evaluates the rates program on the cells' conditions
+    and runs the kinetics leaf with them as its per-lane fields; the rates'
+    CPU time is part of every timing of this route."""
+
+    def __init__(self, doc, rtol, leaf_kw=None):
+        from esmjac.adapters.native import rosenbrock
+        from esmjac.models.mechanism import lift
+        from esmjac.runtime.programs import RhsProgram
+        from gcmech import split_rates
+        kin, rates, knames = split_rates(doc)
+        self.cellp = cell_parameters(doc)
+        (km,) = kin["models"].values()
+        kin_cell = [n for n, v in km["variables"].items() if v["type"] == "parameter"
+                    and (n in self.cellp or n in knames)]
+        self.leaf = rosenbrock(lift(kin, 1, cell_parameters=kin_cell), rtol=rtol, threads=1,
+                               options={"progress": False}, **(leaf_kw or {}))
+        self.rates = RhsProgram.build(lift(rates, 1, cell_parameters=self.cellp), options={"progress": False})
+        assert list(self.rates.forcing_names) == self.cellp
+        self.rnames = list(self.rates.layout.states)
+        fn = list(self.leaf.forcing_names)
+        # leaf field i comes from the user's conditions (src 0) or the rates (src 1)
+        self.rows = [(1, self.rnames.index(n)) if n in self.rnames else (0, self.cellp.index(n)) for n in fn]
+        self.n_species, self.atol, self._lu, self._tab = (self.leaf.n_species, self.leaf.atol, self.leaf._lu,
+                                                         self.leaf._tab)
+        self.plan = self.leaf.plan
+        self._bufs = {}
+
+    def forcing_of(self, fz, L):
+        """The kinetics leaf's per-lane fields for conditions ``fz`` (nf·L)."""
+        b = self._bufs.get(L)
+        if b is None:
+            nk = len(self.rnames)
+            b = (np.zeros(nk * L), np.empty(nk * L), np.empty(len(self.rows) * L), self.rates.bind(L))
+            self._bufs[L] = b
+        dummy, K, out, run = b
+        run(dummy, self.rates.p0, 0.0, fz, K)
+        F = fz.reshape(-1, L)
+        KK = K.reshape(-1, L)
+        O = out.reshape(-1, L)
+        for i, (src, j) in enumerate(self.rows):
+            O[i] = KK[j] if src else F[j]
+        return out
+
+    def advance(self, u, t0, dt, forcing):
+        L = u.size // self.n_species
+        return self.leaf.advance(u, t0, dt, forcing=self.forcing_of(forcing, L))
+
+
+def bench_cvode(doc, L, rtol, out, ref=None, u0=None, fz=None, nall=None):
+    from esmjac.adapters import sundials
+    names = cell_parameters(doc)
+    d = lifted(doc, L)
+    n = u0.size // nall
+    U = u0.reshape(n, nall)[:, :L]
+    F = fz.reshape(len(names), nall)[:, :L]
+    y0 = np.ascontiguousarray(U.reshape(-1))
+    atol = np.repeat(1e-6 * np.maximum(np.abs(U).max(axis=1), 1e-6 * np.abs(U).max()), L)
+    t0 = time.process_time()
+    cv = sundials.cvode(d, linsolver="spgmr", precond="block", jtimes="setup", rtol=rtol, atol=atol, y0=y0,
+                        threads=1, max_steps=100000, forcing=np.ascontiguousarray(F.reshape(-1)),
+                        build_options={"progress": False})
+    build = time.process_time() - t0
+    cv.solve(np.array([0.0, 10.0]))
+    cv.reset_counters()
+    load = _load()
+    c, r = _cpu(lambda: cv.solve(np.array([0.0, DT])))
+    if r.flag != 0:
+        raise RuntimeError(f"CVODE flag {r.flag}: {r.message}")
+    stats = {k: v for k, v in cv.stats().items() if isinstance(v, (int, float))}
+    res = {"route": "CVODE BDF + GMRES, block preconditioner", "cells": L, "build_cpu_s": build, "cpu_median": c,
+           "load": [load], "us_per_cell_20min": c / L * 1e6, "cells_per_s": L / c, "stats": stats}
+    steps = stats.get("nsteps") or stats.get("n_steps")
+    if steps:
+        res["us_per_cell_step"] = c / L / steps * 1e6
+        res["steps_per_cell"] = steps
+    if ref is not None:
+        idx, yref = ref
+        sel = [i for i, j in enumerate(idx) if j < L]
+        if sel:
+            yc = np.asarray(r.values.y)[-1].reshape(n, L)
+            res["err_vs_bdf"] = rel_err(yc[:, [idx[i] for i in sel]], yref[:, sel], atol[::L])
+    out.setdefault("routes", []).append(res)
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mech", default=os.environ.get("ESMJAC_GC_MECH", DEFAULT_MECH))
+    ap.add_argument("--cells", default="1000,10000")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--rtol", type=float, default=1e-3)
+    ap.add_argument("--ref-cells", type=int, default=6)
+    ap.add_argument("--cvode-cells", type=int, default=64)
+    ap.add_argument("--no-trace", action="store_true")
+    ap.add_argument("--no-hoist", action="store_true", help="skip the hoisted-rates route")
+    ap.add_argument("--hoist-only", action="store_true", help="skip the as-published route")
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    if not Path(a.mech).exists():
+        print(f"realworkload: skipped — no mechanism at {a.mech} (set --mech or ESMJAC_GC_MECH to the "
+              "GEOS-Chem fullchem .esm from EarthSciML/EarthSciModels)", file=sys.stderr)
+        return 0
+    doc = box_doc(a.mech)
+    out = {"mech": a.mech, "load_start": _load(), "cpus": os.cpu_count(), "rtol": a.rtol,
+           "anchors": ANCHORS, "bandwidth_Bps": _bandwidth()}
+    for L in [int(x) for x in a.cells.split(",")]:
+        names = cell_parameters(doc)
+        F, U, _ = conditions(doc, names, L)
+        idx = np.unique(np.linspace(0, L - 1, a.ref_cells).round().astype(int))
+        t0 = time.perf_counter()
+        yref = reference(doc, idx, U, F)
+        out[f"ref_wall_s_{L}"] = time.perf_counter() - t0
+        for label, hz in (("leaf Rodas3, rates hoisted (KPP split)", True), ("leaf Rodas3, as published", False)):
+            if hz and a.no_hoist or not hz and a.hoist_only:
+                continue
+            _, r, (u0, fz, _) = bench_leaf(doc, L, a.reps, a.rtol, out, label=label, trace=not a.no_trace,
+                                           ref=(idx, yref), hoisted=hz)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("conditions",)}, default=float),
+                  file=sys.stderr)
+        if a.cvode_cells and L == int(a.cells.split(",")[0]):
+            try:
+                c = bench_cvode(doc, min(a.cvode_cells, L), a.rtol, out, ref=(idx, yref), u0=u0, fz=fz, nall=L)
+                print(json.dumps(c, default=float), file=sys.stderr)
+            except Exception as exc:            # noqa: BLE001 — reported, not hidden
+                out.setdefault("errors", []).append({"route": "cvode", "error": f"{type(exc).__name__}: {exc}"})
+                print(f"cvode: {exc}", file=sys.stderr)
+    out["load_end"] = _load()
+    txt = json.dumps(out, indent=1, default=float)
+    if a.out:
+        Path(a.out).write_text(txt)
+    print(txt)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
