@@ -66,6 +66,25 @@ class BoundPrograms:
                 def j(u, fz, cix, m, out):
                     for fn in jfns:
                         fn(u, fz, hj, cix, out, m)
+        elif plan.kind == "lane" and plan.tiled:
+            # The tape engine's direct writes: the Jacobian tape stores
+            # straight into the plan's tile slots (no band slab, no scatter
+            # pass: on a 272-species mechanism the slab alone is ~24 kB per
+            # lane written and read again), serial twin, one lane chunk per
+            # call. Same instructions as the slab tape, so the same bits.
+            from ..compile.tape import run_tape
+            from ..runtime.bound import serial_twin
+            ft = jac._fused_tape(plan)
+            tape = serial_twin(run_tape)
+            pro, tb, zs = ft.prologue, ft.body, ft.zero_slots
+            hj = np.zeros(max(jac.kernel.n_hoist, 1))
+            P = int(plan.info["slots_per_lane"])
+            tf = float(t)
+
+            def j(u, fz, cix, m, out):
+                tape(pro.code, pro.consts, u, fz, p, tf, hj, cix, hj, 1, pro.nreg, 0, 0, 1, zs[:0])
+                tape(tb.code, tb.consts, u, fz, p, tf, hj, cix, out, m, tb.nreg, plan.tile_width(m), P,
+                     plan.capacity(m), zs)
         else:
             jk = jac.kernel
             hj = np.zeros(max(jk.n_hoist, 1))

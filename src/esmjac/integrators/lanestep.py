@@ -544,10 +544,10 @@ def _squeeze_tiled(A, nnz, m, W, mn, Wn, done, tmp):
 
 @numba.njit(**_JIT)
 def _prep_and_factor(t, h, tend, done, m, hs, last, J, WJ, Wm, WA, gamma, nnz, chunk,
-                     piv, mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src, bad):
+                     piv, mul_piv, mul_slot, upd_ptr, upd_tgt, upd_src, bad):
     """The step sizes to attempt (:func:`_prep_h`), then ``Wm = LU(I/(h_l γ) − J)``."""
     _prep_h(t, h, tend, done, m, hs, last)
-    factor_shifted_lanes(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_ptr, mul_slot,
+    factor_shifted_lanes(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_piv, mul_slot,
                          upd_ptr, upd_tgt, upd_src, bad)
 
 
@@ -585,7 +585,8 @@ class LaneStepper:
 
     def __init__(self, tab, lu: SparseLaneLU, perm: np.ndarray, iperm: np.ndarray,
                  n_forcing: int, n_cdims: int, capacity: int, tile: int | None,
-                 rhs, jac, shared: bool, compact: bool, reuse: tuple | None = None):
+                 rhs, jac, shared: bool, compact: bool, reuse: tuple | None = None,
+                 lu_dtype=np.float64):
         self.tab, self.lu = tab, lu
         # reuse: None (a new Jacobian and LU every attempt) or (max_age, lo, hi)
         # for a W-method's per-lane reuse (see _reuse_plan)
@@ -602,7 +603,9 @@ class LaneStepper:
         self.K = np.zeros((S, n * C))
         W = C if tile is None else tile
         self.J = np.zeros(tiled_size(lu.nnz, C, W))
-        self.Wm = np.zeros(tiled_size(lu.nnz, C, lu_tile(C)))
+        # the iteration matrix (float32 for precision="mixed": factored in
+        # float32, solved with float64 accumulation into float64 stages)
+        self.Wm = np.zeros(tiled_size(lu.nnz, C, lu_tile(C)), dtype=lu_dtype)
         self.FZ = np.zeros(max(self.nf * C, 1))
         self.cix = np.zeros(max(self.ncd * C, 1), dtype=i64)
         self.idx = np.empty(C, dtype=i64)
@@ -625,7 +628,7 @@ class LaneStepper:
             self.FZsub = np.zeros(max(self.nf * C, 1))
             self.cixsub = np.zeros(max(self.ncd * C, 1), dtype=i64)
             self.Jk = np.zeros(tiled_size(lu.nnz, C, W))     # also compaction scratch
-            self.Wmk = np.zeros(tiled_size(lu.nnz, C, lu_tile(C)))
+            self.Wmk = np.zeros(tiled_size(lu.nnz, C, lu_tile(C)), dtype=lu_dtype)
             self.hk, self.badk = np.empty(C, f64), np.empty(C, i64)
         self.a_nz = [_nz(tab.a[i]) for i in range(S)]
         self.c_nz = [_nz(tab.c[i]) for i in range(S)]

@@ -43,7 +43,7 @@ from .sensitivity import Sensitivities
 from .tableaux import METHODS, Tableau, perm_arrays
 
 __all__ = ["rosenbrock", "RosenbrockLeaf", "LeafStats", "LeafSolution", "ATOL_FRACTION",
-           "AUTO_LANES_PER_THREAD", "BLOCK_LANES"]
+           "AUTO_LANES_PER_THREAD", "BLOCK_LANES", "BLOCK_BYTES", "PRECISIONS", "block_lanes"]
 
 #: Default absolute tolerance per species: this fraction of the species'
 #: scale (the largest magnitude of its default initial state over the
@@ -69,6 +69,34 @@ HOLD = (1.0, 2.0)
 #: with its own compaction. Chosen by measurement (benchmarks/leaf.py
 #: "per step"); bits do not depend on it (lanes never mix).
 BLOCK_LANES = 1024
+
+#: A block's working set at most (bytes): large mechanisms get fewer lanes
+#: per block than :data:`BLOCK_LANES` so that the block's Jacobian,
+#: iteration matrix and stage vectors stay in the last-level cache through a
+#: step (a 272-species cell holds ≈ 90 kB: 64 lanes, not 1,024, whose 90 MB
+#: streamed from memory once per stage solve; benchmarks/realworkload.py).
+#: Bits do not depend on it.
+BLOCK_BYTES = 8 << 20
+
+#: ``precision=`` values: ``"double"`` (float64 throughout) or ``"mixed"``
+#: (the iteration matrix stored and factored in float32, its triangular
+#: solves accumulated in float64; states, stages, error norm and the
+#: Jacobian in float64).
+PRECISIONS = {"double": np.float64, "mixed": np.float32}
+
+
+def block_lanes(n: int, nnz: int, stages: int, n_forcing: int) -> int:
+    """Lanes per block for a mechanism of ``n`` species and ``nnz`` LU slots:
+    :data:`BLOCK_LANES`, or fewer (a power of two, at least 16) when a
+    block's working set — Jacobian and iteration matrix slots, ``stages``
+    stage vectors and about eight state-sized vectors, the forcing — would
+    exceed :data:`BLOCK_BYTES`."""
+    per_lane = 8 * (2 * nnz + (stages + 8) * n + n_forcing)
+    cap = max(16, BLOCK_BYTES // max(per_lane, 1))
+    lanes = 16
+    while lanes * 2 <= min(cap, BLOCK_LANES):
+        lanes *= 2
+    return min(lanes, BLOCK_LANES)
 
 
 #: The per-lane counters of :class:`LeafStats` (summed by ``totals``).
@@ -225,6 +253,7 @@ class RosenbrockLeaf:
         self._pool = None
         self._lock = threading.Lock()
         self._sens: dict = {}
+        self.precision = "double"       # set by rosenbrock(precision=...)
         self.source, self.model, self.options = None, None, None
 
     # -- what the sensitivities read (read-only) ------------------------------
@@ -439,7 +468,8 @@ class RosenbrockLeaf:
             return sc
         unit = CHUNK if self.tile is None else int(self.tile)
         per = -(-L // nthreads)
-        per = -(-min(per, BLOCK_LANES) // unit) * unit
+        cap = block_lanes(self.n_species, self._lu.nnz, self._tab.stages, len(self._program_forcing))
+        per = -(-min(per, cap) // unit) * unit
         blocks = [(a, min(per, L - a)) for a in range(0, L, per)]
         ncd = len(self.rhs_program.layout.cell_shape)
         cix = lane_cells(self.rhs_program.layout.cell_shape, L)
@@ -449,7 +479,8 @@ class RosenbrockLeaf:
             steppers.append(LaneStepper(self._tab, self._lu, self._perm, self._iperm,
                                         len(self._program_forcing), ncd, c, self.tile, b.rhs, b.jac,
                                         self.step == "shared", self.compact,
-                                        (self.max_jac_age, *self.hold) if self.reuse else None))
+                                        (self.max_jac_age, *self.hold) if self.reuse else None,
+                                        lu_dtype=PRECISIONS[self.precision]))
         i64 = np.int64
         stats = LeafStats(np.zeros(L, np.int8), *(np.zeros(L, i64) for _ in _COUNTERS),
                           np.zeros(L), np.zeros(L))
@@ -803,7 +834,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                clip_negative: bool = False, max_steps: int = 100000, max_rejects: int = 50,
                h0=None, tile: int | None = DEFAULT_TILE, options: dict | None = None,
                reuse: bool | None = None, max_jac_age: int = MAX_JAC_AGE,
-               hold: tuple = HOLD, **extra) -> RosenbrockLeaf:
+               hold: tuple = HOLD, precision: str = "double", **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
     Parameters
@@ -873,6 +904,16 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         See ``reuse`` (default :data:`MAX_JAC_AGE`).
     hold : tuple of float
         ``(lo, hi)``, see ``reuse`` (default :data:`HOLD`).
+    precision : str
+        ``"double"`` (default) or ``"mixed"``: the iteration matrix stored
+        and factored in float32 (half the bytes the factorisation and every
+        stage solve stream), its solves accumulated in float64 into float64
+        stages; states, error norm, right-hand sides and the Jacobian stay
+        float64, so the step-size control sees float64 errors. The
+        factorisation's rounding perturbs the stages like an inexact
+        Jacobian (tests/integrators/test_mixed_precision.py measures the
+        accuracy); bits are still those of the lane alone, for any thread
+        count or block.
 
     Returns
     -------
@@ -887,6 +928,8 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     """
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
+    if precision not in PRECISIONS:
+        raise JacError("bad_option", f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
     rhs = RhsProgram.build(source, model, options=options)
     jac = JacobianProgram.build(source, model, wrt="states", options=options)
     if jac.kind != "cell":
@@ -910,6 +953,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                           threads=threads, compact=compact, clip_negative=clip_negative,
                           max_steps=max_steps, max_rejects=max_rejects, h0=h0, time_field=time_field,
                           reuse=reuse, max_jac_age=max_jac_age, hold=hold)
+    leaf.precision = precision
     leaf.source, leaf.model, leaf.options = source, model, options
     return leaf
 
