@@ -87,6 +87,21 @@ def test_lift_resizes_cells():
     assert big["models"] == doc["models"]
 
 
+def test_lift_refuses_what_it_would_return_unchanged():
+    from esmjac.errors import JacError
+    box = json.loads((importlib.resources.files("esmjac.models") / "box_nox.esm").read_text())
+    with pytest.raises(JacError) as e:                 # reaction_systems: lift rewrites models only
+        lift(box, 10)
+    assert e.value.code == "bad_argument" and "per_lane" in e.value.message
+    with pytest.raises(JacError) as e:
+        lift({"esm": "1.0.0", "metadata": {"name": "Empty"}}, 10)
+    assert e.value.code == "bad_argument"
+    with pytest.raises(JacError):
+        lift(json.loads(TROPO12.read_text()), 0)
+    import numpy as np
+    assert lift(json.loads(TROPO12.read_text()), np.int64(3))["index_sets"]["cell"]["size"] == 3
+
+
 def test_tropo12_files_identical_and_shape():
     assert TROPO12.read_bytes() == TROPO12_PKG.read_bytes()
     doc = json.loads(TROPO12.read_text())

@@ -18,9 +18,10 @@ from ..errors import JacError
 from ..layouts.types import Csr
 from ..model.layout import local_name, resolve_point
 from ..model.load import load_view
+from ..runtime.checks import cell_options, integrable
 from ..runtime.programs import JacobianProgram, RhsProgram
 
-__all__ = ["build_programs", "fill_vector", "inputs", "csr_pattern", "bandwidths", "fresh_array",
+__all__ = ["cell_options", "build_programs", "fill_vector", "inputs", "csr_pattern", "bandwidths", "fresh_array",
            "readonly_index", "Counters", "Problem"]
 
 
@@ -39,6 +40,7 @@ def build_programs(source, model, build_options) -> tuple:
         j = JacobianProgram.build(source, model, "states",
                                   options={**(build_options or {}), "allow_empty": True})
     r = RhsProgram.build(source, model, options=build_options)
+    integrable(r)
     return r, j, j.plan(Csr(), source=r)
 
 

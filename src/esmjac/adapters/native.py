@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import JacError
 from ..layouts.types import ColumnBanded, Csr, LaneBlocks, LaneSparseBlocks
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
+from ..runtime.checks import cell_options
 from ..runtime.programs import JacobianProgram, RhsProgram
 from ..integrators.leaf import LeafSolution, LeafStats, RosenbrockLeaf, rosenbrock  # noqa: F401  (the leaf, re-exported)
 
@@ -39,12 +40,13 @@ class NativeLayouts:
         return self.jacobian.eval_into(self._plan(layout), u, p, t, forcing, out, ws)
 
 
-def layouts(source, *, model=None, options=None, **extra):
+def layouts(source, *, model=None, options=None, per_cell=None, **extra):
     """Build the RHS and Jacobian programs and a plan for every layout that
     applies (LaneBlocks natural/markowitz, LaneSparseBlocks, ColumnBanded,
     Csr); the others are listed in ``refused`` with the reason."""
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.layouts")
+    options = cell_options(options, per_cell)
     rhs = RhsProgram.build(source, model, options=options)
     jac = JacobianProgram.build(source, model, wrt="states", options=options)
     plans, refused = {}, {}

@@ -32,7 +32,8 @@ from ..layouts.types import Csc
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl, module_available
 from ..runtime.workspace import JacWorkspace
 from ..runtime.threads import SERIAL_BELOW, measure_threads, thread_count, with_threads
-from ._common import (Counters, Problem, bandwidths, build_programs, csr_pattern, fresh_array, inputs,
+from ._common import (Counters, Problem, bandwidths, build_programs, cell_options, csr_pattern, fresh_array,
+                      inputs,
                       readonly_index)
 
 __all__ = ["ivp", "IvpProblem", "METHODS", "AUTO_SERIAL_BELOW"]
@@ -256,7 +257,7 @@ def _free_matrix(pool: list, bound, shape: tuple) -> tuple:
 
 
 def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, banded=False,
-        threads="auto", build_options=None, **options) -> IvpProblem:
+        threads="auto", build_options=None, per_cell=None, **options) -> IvpProblem:
     """Build an :class:`IvpProblem` for ``scipy.integrate.solve_ivp``.
 
     The right-hand side and the exact state Jacobian are compiled once;
@@ -287,6 +288,10 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
         (``prob.threads`` says which). None: Numba's setting.
     build_options : dict, optional
         Options of ``RhsProgram.build``/``JacobianProgram.build``.
+    per_cell : list or tuple of str, optional
+        Scalar parameters read per cell from ``forcing`` (temperature,
+        photolysis rates): short names where unambiguous (``"T"``),
+        qualified always; the build option ``per_lane`` says the same.
 
     Returns
     -------
@@ -299,11 +304,13 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     JacError
         ``bad_option`` for an unknown option or method, or ``banded`` with
         a method other than LSODA or an unbanded pattern; the build's own
-        codes for a document that cannot be compiled.
+        codes for a document that cannot be compiled; ``bad_argument`` for a
+        document with no ODE states (nothing to integrate).
     """
+    build_options = cell_options(build_options, per_cell, "build_options")
     if options:
         raise JacError("bad_option", f"unknown option(s) {', '.join(sorted(options))} of scipy.ivp; "
-                       "known: model, method, p, forcing, y0, banded, threads, build_options")
+                       "known: model, method, p, forcing, y0, banded, threads, build_options, per_cell")
     if method not in METHODS:
         raise JacError("bad_option",
                        f"unknown solve_ivp method {method!r}; use one of {', '.join(METHODS)}")

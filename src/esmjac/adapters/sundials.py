@@ -50,7 +50,7 @@ from ..linalg.sparse_lu import SparseLaneLU
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl
 from ..runtime.threads import measure_threads, thread_count, with_threads
 from ..runtime.workspace import JacWorkspace, RhsScratch
-from ._common import Counters, Problem, bandwidths, build_programs, csr_pattern, inputs
+from ._common import Counters, Problem, bandwidths, build_programs, cell_options, csr_pattern, inputs
 
 __all__ = ["cvode", "ida", "SundialsProblem"]
 
@@ -732,7 +732,8 @@ def _warm(prob: "SundialsProblem", fns: dict) -> None:
 
 def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
           atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
-          jtimes="newton", threads="auto", build_options=None, **options) -> SundialsProblem:
+          jtimes="newton", threads="auto", build_options=None, per_cell=None,
+          **options) -> SundialsProblem:
     """A CVODE (BDF, Newton) solver for ``source`` with esmjac's exact Jacobian.
 
     Parameters
@@ -772,6 +773,10 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
         problems above 20,000 unknowns).
     build_options : dict, optional
         Options of ``RhsProgram.build``/``JacobianProgram.build``.
+    per_cell : list or tuple of str, optional
+        Scalar parameters read per cell from ``forcing`` (temperature,
+        photolysis rates): short names where unambiguous (``"T"``),
+        qualified always; the build option ``per_lane`` says the same.
     **options
         Passed to scikits.odes (``max_steps``, ``maxl``, ``lmm_type``,
         ``max_step_size``...).
@@ -784,12 +789,12 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
     return _build("cvode", source, model=model, linsolver=linsolver, precond=precond,
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
                   precond_type=precond_type, jtimes=jtimes, threads=threads,
-                  build_options=build_options, options=options)
+                  build_options=cell_options(build_options, per_cell, "build_options"), options=options)
 
 
 def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
         atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
-        threads="auto", build_options=None, **options) -> SundialsProblem:
+        threads="auto", build_options=None, per_cell=None, **options) -> SundialsProblem:
     """An IDA solver for the residual ``F(t, y, ẏ) = ẏ − f(t, y)`` of ``source``.
 
     ``jacfn`` (dense) fills ``cj I − ∂f/∂y``; Krylov solvers
@@ -798,7 +803,7 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
 
     Parameters
     ----------
-    source, model, jacobian, rtol, atol, p, forcing, y0, axis, threads, build_options
+    source, model, jacobian, rtol, atol, p, forcing, y0, axis, threads, build_options, per_cell
         As in :func:`cvode`.
     linsolver : str
         ``"auto"`` (default, ``"dense"``: see ``precond``), ``"dense"``,
@@ -819,7 +824,7 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
     return _build("ida", source, model=model, linsolver=linsolver, precond=precond,
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
                   precond_type=precond_type, jtimes="newton", threads=threads,
-                  build_options=build_options, options=options)
+                  build_options=cell_options(build_options, per_cell, "build_options"), options=options)
 
 
 # ---------------------------------------------------------------------------

@@ -834,7 +834,8 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                clip_negative: bool = False, max_steps: int = 100000, max_rejects: int = 50,
                h0=None, tile: int | None = DEFAULT_TILE, options: dict | None = None,
                reuse: bool | None = None, max_jac_age: int = MAX_JAC_AGE,
-               hold: tuple = HOLD, precision: str = "double", **extra) -> RosenbrockLeaf:
+               hold: tuple = HOLD, precision: str = "double", per_cell=None,
+               **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
     Parameters
@@ -892,6 +893,10 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         (benchmarks/leaf.py "L4").
     options : dict, optional
         Options of ``RhsProgram.build``/``JacobianProgram.build``.
+    per_cell : list or tuple of str, optional
+        Scalar parameters read per cell from ``forcing`` (temperature,
+        photolysis rates): short names where unambiguous (``"T"``),
+        qualified always; the build option ``per_lane`` says the same.
     reuse : bool, optional
         Per-lane Jacobian/LU reuse (W-methods only; None = on for a
         W-method): each lane keeps its Jacobian for at most
@@ -924,14 +929,17 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     ------
     JacError
         ``bad_option`` for an unknown option; ``nonuniform_pattern`` for a
-        model that couples cells (use ``scipy.ivp`` or ``sundials.cvode``).
+        model that couples cells (use ``scipy.ivp`` or ``sundials.cvode``);
+        ``bad_argument`` for a document with no ODE states.
     """
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
     if precision not in PRECISIONS:
         raise JacError("bad_option", f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
+    options = checks.cell_options(options, per_cell)
     rhs = RhsProgram.build(source, model, options=options)
     jac = JacobianProgram.build(source, model, wrt="states", options=options)
+    checks.integrable(rhs)
     if jac.kind != "cell":
         raise JacError("nonuniform_pattern",
                        "the native Rosenbrock leaf integrates per-cell chemistry (LaneSparseBlocks); this "

@@ -174,6 +174,35 @@ def is_box(view: SystemView) -> bool:
     return bool(ode_states(view)) and not any(v.shape for v in view.variables.values())
 
 
+def resolve_names(names, known, what: str = "name", kind: str = "name") -> list:
+    """``names`` (qualified, or short where unambiguous) as names of ``known``.
+
+    A flattened document qualifies its variables (``SuperFast.T``); a user
+    writes ``T``. A short name resolves to the one known name that is it or
+    ends in ``.name``; several matches are refused with the qualified names
+    to choose from, and an unknown name with the list of known ones."""
+    if isinstance(names, str):
+        raise JacError("bad_option", f"{what} is a list of names, e.g. ['T', 'j_NO2'], not a string")
+    known = list(known)
+    have = set(known)
+    out = []
+    for n in names:
+        if not isinstance(n, str):
+            raise JacError("bad_option", f"{what}: names are strings, got {type(n).__name__}")
+        if n in have:
+            out.append(n)
+            continue
+        hits = [k for k in known if k.endswith("." + n)]
+        if len(hits) == 1:
+            out.append(hits[0])
+        elif hits:
+            raise JacError("bad_option", f"{what}: `{n}` is ambiguous; qualify it as one of {', '.join(hits)}")
+        else:
+            raise JacError("bad_option", f"{what}: `{n}` is not a {kind} of the model "
+                           f"({kind}s: {', '.join(known) or 'none'})")
+    return out
+
+
 def model_layout(view: SystemView, per_lane=()) -> ModelLayout:
     """The layout of ``view`` (see the module docstring for the orders);
     ``per_lane`` names scalar parameters to read per lane from ``forcing``
@@ -181,14 +210,8 @@ def model_layout(view: SystemView, per_lane=()) -> ModelLayout:
     and per-lane parameters have shape ``(1,)`` in the layout."""
     states = tuple(ode_states(view))
     shapes = {n: v.shape for n, v in view.variables.items() if v.kind in ("state", "parameter")}
-    if isinstance(per_lane, str):
-        raise JacError("bad_option", "per_lane is a list of parameter names, e.g. ['T', 'j_NO2']")
-    per_lane = tuple(per_lane or ())
     scalars = [n for n, v in view.variables.items() if v.kind == "parameter" and not v.shape]
-    for n in per_lane:
-        if n not in scalars:
-            raise JacError("bad_option", f"per_lane: `{n}` is not a scalar parameter of the model "
-                           f"(scalar parameters: {', '.join(scalars)})")
+    per_lane = tuple(resolve_names(per_lane or (), scalars, "per_lane", "scalar parameter"))
     if len(set(per_lane)) != len(per_lane):
         raise JacError("bad_option", "per_lane names a parameter twice")
     box = is_box(view)

@@ -20,8 +20,11 @@ multiply the rate; every other name is an unknown with a ``D(X)`` equation.
 from __future__ import annotations
 
 import copy
+import numbers
 import random
 from collections import Counter
+
+from ..errors import JacError
 
 __all__ = ["mechanism_doc", "synthetic_mechanism", "lift", "box", "couplings", "CELL"]
 
@@ -207,14 +210,28 @@ def lift(doc: dict, n_cells: int, cell_parameters=()) -> dict:
     become ``[cell]`` arrays too (the array twin of ``options={"per_lane":
     [...]}``). Array-valued defaults of ``cell``-shaped variables are cycled
     or cut to the new length; scalar defaults are kept (they broadcast)."""
-    if n_cells < 1:
-        raise ValueError("n_cells must be >= 1")
+    if isinstance(n_cells, bool) or not isinstance(n_cells, numbers.Integral) or n_cells < 1:
+        raise JacError("bad_argument", f"lift: n_cells must be an integer >= 1, got {n_cells!r}")
+    models = doc.get("models") if isinstance(doc, dict) else None
+    if not models:
+        what = "a reaction_systems document" if isinstance(doc, dict) and doc.get("reaction_systems") \
+            else "a document without models"
+        raise JacError("bad_argument",
+                       f"lift: {what} has no model equations to lift (lift rewrites `models` only and "
+                       "would return it unchanged). A box mechanism needs no lifting: it is a cell "
+                       "program of any lane count -- RhsProgram/JacobianProgram.build(doc, "
+                       "options={'per_lane': ['T', ...]}) with new_buffers(lanes)/new_workspace(lanes), "
+                       "or esmjac.adapters.dask with per_cell=[...] over a gridded Dataset")
+    if doc.get("reaction_systems"):
+        raise JacError("bad_argument", "lift: the document has reaction_systems beside its models; lift "
+                                       "rewrites models only (the reaction systems would stay one box): "
+                                       "build it as a cell program instead (options={'per_lane': [...]})")
     out = copy.deepcopy(doc)
     sets = out.setdefault("index_sets", {})
     if CELL not in sets:
         _lift_box(out, set(cell_parameters))
     elif cell_parameters:
-        raise ValueError("lift: cell_parameters applies to box mechanisms only")
+        raise JacError("bad_argument", "lift: cell_parameters applies to box mechanisms only")
     sets[CELL]["size"] = int(n_cells)
     for model in out.get("models", {}).values():
         for var in model.get("variables", {}).values():
@@ -249,11 +266,12 @@ def _lift_box(doc: dict, cell_params: set) -> None:
     for model in doc.get("models", {}).values():
         vs = model.get("variables", {})
         if any(v.get("shape") for v in vs.values()):
-            raise ValueError("lift: a document without a `cell` index set must be a scalar box mechanism")
+            raise JacError("bad_argument",
+                           "lift: a document without a `cell` index set must be a scalar box mechanism")
         unknowns = {n for n, v in vs.items() if v.get("type") in ("unknown", "state")}
         missing = cell_params - {n for n, v in vs.items() if v.get("type") == "parameter"}
         if missing:
-            raise ValueError(f"lift: {sorted(missing)} are not parameters")
+            raise JacError("bad_argument", f"lift: {sorted(missing)} are not parameters")
         unknowns |= cell_params
         for n in unknowns:
             vs[n]["shape"] = [CELL]
@@ -261,7 +279,7 @@ def _lift_box(doc: dict, cell_params: set) -> None:
         for eq in model.get("equations", []):
             lhs = eq["lhs"]
             if not (isinstance(lhs, dict) and lhs.get("op") == "D"):
-                raise ValueError("lift: only D(X) = rhs equations are lifted")
+                raise JacError("bad_argument", "lift: only D(X) = rhs equations are lifted")
             body = _map_names(eq["rhs"], lambda n: _idx(n) if n in unknowns else n)
             eqs.append({**eq, "rhs": {"op": "faq", "output_idx": ["i"], "args": [],
                                       "ranges": {"i": {"from": CELL}}, "expr": body}})

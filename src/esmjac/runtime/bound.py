@@ -274,6 +274,8 @@ class _Bound:
                 raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
             return f
         if self.n_f == 0:
+            if forcing.__class__ is np.ndarray and forcing.size == 0:
+                return self._f_none              # an empty forcing is no forcing (as ``defaults``)
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         self._vec("forcing", forcing, self.n_f)
         return forcing

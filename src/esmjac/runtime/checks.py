@@ -32,7 +32,12 @@ from ..limits import set_workspace_limit, workspace_limit
 from . import kernels as K
 
 __all__ = ["vector", "time", "params", "disjoint", "workspace", "lanes", "workspace_limit",
-           "set_workspace_limit", "report_nonfinite"]
+           "set_workspace_limit", "report_nonfinite", "integrable", "NOTHING_TO_INTEGRATE",
+           "cell_options"]
+
+#: Why a document with no ODE states is refused by the integrators (the
+#: words of ``esmjac check``'s "nothing to check").
+NOTHING_TO_INTEGRATE = "nothing to integrate: no ODE states (the document integrates no state variables)"
 
 DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -249,3 +254,40 @@ def report_nonfinite(out: np.ndarray, inputs: tuple, t: float, what: str, name_o
                    f"the {what} has a non-finite value {out[i]} at {where} although every input is "
                    "finite (a singular coefficient such as 1/0, log(0), sqrt of a negative number or "
                    "an overflow at this point)")
+
+
+def integrable(prog) -> None:
+    """Refuse a program with no ODE states before an integrator "solves" it
+    (a solver would report success on an empty state)."""
+    if not prog.layout.states:
+        raise JacError("bad_argument", NOTHING_TO_INTEGRATE)
+
+
+def cell_options(options: dict | None, per_cell=None, what: str = "options") -> dict | None:
+    """Build options with the per-cell parameters said one way.
+
+    ``per_cell=[...]`` (every adapter's keyword) is the build option
+    ``per_lane`` (the programs' name, still accepted in ``options``); names
+    may be short (``"T"``) where unambiguous or qualified (``"Chem.T"``:
+    resolved by ``esmjac.model.layout.resolve_names`` at build time),
+    as a list or a tuple. Both spellings naming different parameters are
+    refused. Returns a new dict (or None: no options at all)."""
+    if options is not None and not isinstance(options, dict):
+        raise JacError("bad_option", f"{what} is a dict of build options, got {type(options).__name__}")
+    out = dict(options or {})
+    for key, val in (("per_lane", out.get("per_lane")), ("per_cell", per_cell)):
+        if isinstance(val, str):
+            raise JacError("bad_option", f"{key} is a list of parameter names, e.g. ['T', 'j_NO2'], "
+                                         f"not the string {val!r}")
+        if val is not None and not isinstance(val, (list, tuple)):
+            raise JacError("bad_option", f"{key} is a list or tuple of parameter names, "
+                                         f"got {type(val).__name__}")
+    if "per_lane" in out:
+        out["per_lane"] = tuple(out["per_lane"] or ())
+    if per_cell is not None:
+        pc = tuple(per_cell)
+        if out.get("per_lane") and out["per_lane"] != pc:
+            raise JacError("bad_option", f"per_cell={list(pc)} and {what}['per_lane']="
+                                         f"{list(out['per_lane'])} disagree; say it once (per_cell=)")
+        out["per_lane"] = pc
+    return out if (out or options is not None) else None

@@ -112,8 +112,12 @@ class _Base:
         """``(u0, p0, forcing0)`` from the document's defaults at ``lanes``
         lanes (cell programs: lane ``l`` takes cell ``min(l, cells-1)``'s
         values, so a box mechanism's defaults broadcast to every lane);
-        entries are None where the document gives no default."""
+        entries are None where the document gives no default, and the
+        forcing is None when the model has no forcing fields (what every
+        call takes for "no forcing"; an empty array is accepted too)."""
         u0, p0, f0 = self.u0, self.p0, self.forcing0
+        if not self.layout.forcing:
+            f0 = None
         if self.kind != "cell" or lanes is None or lanes == self.cells:
             return u0, p0, f0
         flat = np.minimum(np.arange(int(lanes)), self.cells - 1)
@@ -175,6 +179,8 @@ class _Base:
                 raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
             return f0 if f0.dtype == dtype else np.ascontiguousarray(f0, dtype=dtype)
         if n == 0:
+            if isinstance(forcing, np.ndarray) and forcing.size == 0:
+                return np.zeros(1, dtype=dtype)      # an empty forcing is no forcing
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
 
@@ -324,14 +330,22 @@ class RhsProgram(_Product, _Base):
         (refused: ``bad_argument``). A non-finite value computed from finite
         inputs is an ``evaluation_error`` naming the element."""
         if scratch is None:
-            sc = self.new_buffers()
+            sc = self.new_buffers(self._lanes_of(u))
         else:
             sc = scratch
             _checks.workspace(sc, self.owner, "scratch", self.kernel.n_hoist,
                               self.layout.cell_shape if self.kind == "cell" else None)
         lanes = sc.lanes
         t = _checks.time(t)
-        _check_vec("u", u, self.u_size(lanes))
+        try:
+            _check_vec("u", u, self.u_size(lanes))
+        except JacError as exc:
+            if self.kind != "cell" or not isinstance(u, np.ndarray) or u.ndim != 1:
+                raise
+            whose = "the scratch's" if scratch is not None else "the document's"
+            raise JacError(exc.code, f"{exc.message} = {lanes} lanes ({whose}) × {self.n_species} species; "
+                           "for another lane count pass scratch=new_buffers(lanes) (or use "
+                           "bind(lanes))") from None
         _check_vec("out", out, self.u_size(lanes), u.dtype, out=True)
         _checks.disjoint({"out": out}, {"u": u, "p": p, "forcing": forcing, "scratch": sc.h})
         p = _params(p, len(self.param_names))
@@ -345,6 +359,18 @@ class RhsProgram(_Product, _Base):
         if bad:
             _checks.report_nonfinite(out, (u, p, f), t, "right-hand side", self._element_name(lanes))
         return out
+
+    def _lanes_of(self, u) -> int | None:
+        """The lane count ``u`` implies for a cell program (its length over
+        the species count) for a box mechanism, whose lanes are all alike;
+        None otherwise (the document's cells: a gridded document's lanes are
+        its cells, and the length check says how to pass another count)."""
+        n = self.n_species
+        if self.kind != "cell" or not self.layout.box or n == 0 or not isinstance(u, np.ndarray) \
+                or u.ndim != 1:
+            return None
+        lanes, rest = divmod(u.shape[0], n)
+        return lanes if rest == 0 and lanes >= 1 else None
 
     def _element_name(self, lanes: int):
         def name(i: int) -> str:

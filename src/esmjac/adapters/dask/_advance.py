@@ -35,6 +35,15 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
     return ATOL_FRACTION * np.maximum(scale, 1e-6 * top)
 
 
+def _box_atol(m: DaskModel) -> np.ndarray:
+    """The leaf's default absolute tolerance for a box mechanism: from the
+    species' scalar defaults (the document's one cell)."""
+    scale = np.abs(np.array([m.u0[s] for s in m.species], dtype=np.float64))
+    top = float(scale.max()) if scale.size else 1.0
+    top = top if top > 0 else 1.0
+    return ATOL_FRACTION * np.maximum(scale, 1e-6 * top)
+
+
 class _Leaf:
     """The per-lane Rosenbrock leaf (:mod:`esmjac.integrators.leaf`) on one thread."""
 
@@ -114,16 +123,18 @@ class Advanced:
 
 def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "rodas3", p=None,
             forcing=None, model: str | None = None, max_steps: int = 100000,
-            threads: int | None = 1) -> Advanced:
+            threads: int | None = 1, per_cell=None, options: dict | None = None) -> Advanced:
     """The native Rosenbrock leaf per chunk over ``t_span = (t0, t1)`` (the
     operator-split chemistry step of a host model): every cell its own step
     size, so a cell's result does not depend on the chunking. Float64
     (``u`` is converted). ``atol``: None = the leaf's default from the
-    document's initial state, a number, or one value per species."""
-    m, inp, f, pv = _prepare(source, u, model, forcing, p)
+    document's initial state, a number, or one value per species.
+    ``per_cell``/``options``: as for :func:`rhs` (per-cell temperature,
+    photolysis rates... from ``forcing`` or the Dataset)."""
+    m, inp, f, pv = _prepare(source, u, model, forcing, p, options, per_cell)
     t0, t1 = checks.time_span(t_span)
     if atol is None:
-        at = _default_atol(m.spec.document(), model, m.species)
+        at = _box_atol(m) if m.box else _default_atol(m.spec.document(), model, m.species)
     else:
         at = np.asarray(atol, dtype=np.float64)
         at = np.full(m.n_species, float(at)) if at.ndim == 0 else at

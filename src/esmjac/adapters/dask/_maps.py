@@ -6,9 +6,9 @@ import numpy as np
 
 from ...errors import JacError
 from ...layouts.types import LaneSparseBlocks, untile
-from ._model import DaskModel, _lsb, model
+from ._model import DaskModel, _lsb, model, on_grid
 from ._spec import _built, _cix, _flat, _jac_ws, _scratch, _start, _Threads
-from ._xarray import SLOT_DIM, _forcing, _out_rows, _out_states, _state, _state_probe
+from ._xarray import SLOT_DIM, _forcing, _out_rows, _out_states, _short, _state, _to_model_name
 
 # ---------------------------------------------------------------- block tasks
 
@@ -61,20 +61,33 @@ def _apply_block(u, v, f, spec, p, t, threads, transpose, block_info=None):
 def _p(m: DaskModel, p) -> np.ndarray:
     if p is None:
         return m.p0
+    if isinstance(p, dict):                    # {name: value}, short or qualified names
+        out = np.array(m.p0, dtype=np.float64)
+        for k, v in p.items():
+            n = _to_model_name(str(k), m.param_names)
+            if n is None:
+                hint = " (a per-cell field: pass it in forcing= or as a Dataset variable)" \
+                    if _to_model_name(str(k), m.forcing_names) else ""
+                raise JacError("bad_argument", f"`p`: {k!r} is not a scalar parameter{hint}; this model's "
+                                               f"are {[_short(x) for x in m.param_names]}")
+            out[m.param_names.index(n)] = float(v)
+        return out
     a = np.ascontiguousarray(np.asarray(p, dtype=np.float64))
     if a.shape != (len(m.param_names),):
-        raise JacError("bad_argument", f"`p` must have {len(m.param_names)} entries {list(m.param_names)}")
+        raise JacError("bad_argument", f"`p` must have {len(m.param_names)} entries {list(m.param_names)} "
+                                       "(or be a dict of the ones to change)")
     return a
 
 
-def _prepare(source, u, model_name, forcing, p):
-    first = _state_probe(u)
-    m = model(source, model_name, cells=first)
+def _prepare(source, u, model_name, forcing, p, options=None, per_cell=None):
+    """The model on the data's grid, the state, its forcing and ``p``."""
+    m = model(source, model_name, options=options, per_cell=per_cell)
+    if isinstance(source, DaskModel) and (options is not None or per_cell is not None):
+        raise JacError("bad_option", "options/per_cell are given when the model is built "
+                                     "(esmjac.adapters.dask.model(...)), not with a DaskModel")
     inp = _state(m, u)
-    if inp.u.shape[1] != m.cells:
-        m = model(source, model_name, cells=inp.u.shape[1])
+    m = on_grid(m, inp.cell_shape)
     return m, inp, _forcing(m, forcing, inp), _p(m, p)
-
 
 
 def _delayed_spec(m: DaskModel):
@@ -92,9 +105,15 @@ def _map(fn, rows: int, dtype, arrays, *args, **kw):
 # ---------------------------------------------------------------- public functions
 
 def rhs(source, u, *, p=None, t: float = 0.0, forcing=None, model: str | None = None,
-        threads: int | None = 1):
-    """``du/dt`` per chunk: a dask array ``(n_species, cells)`` (or the input's xarray kind)."""
-    m, inp, f, pv = _prepare(source, u, model, forcing, p)
+        threads: int | None = 1, per_cell=None, options: dict | None = None):
+    """``du/dt`` per chunk: a dask array ``(n_species, cells)`` (or the input's xarray kind).
+
+    ``source``: an .esm path, JSON text, a dict or a :class:`DaskModel`; a box
+    mechanism takes its grid from ``u``. ``per_cell``: scalar parameters read
+    per cell from ``forcing`` or the Dataset's variables of the same names
+    (short or qualified; the build option ``options={"per_lane": [...]}``
+    is the same)."""
+    m, inp, f, pv = _prepare(source, u, model, forcing, p, options, per_cell)
     arrays = [inp.u] + ([f] if f is not None else [])
     fn = _rhs_block if f is not None else _no_forcing(_rhs_block)
     out = _map(fn, m.n_species, inp.u.dtype, arrays, _delayed_spec(m), pv, float(t), threads)
@@ -102,11 +121,11 @@ def rhs(source, u, *, p=None, t: float = 0.0, forcing=None, model: str | None = 
 
 
 def jacobian(source, u, *, layout=None, p=None, t: float = 0.0, forcing=None,
-             model: str | None = None, threads: int | None = 1):
+             model: str | None = None, threads: int | None = 1, per_cell=None, options: dict | None = None):
     """∂f/∂u per chunk, exactly what ``eval_into`` writes for the chunk's
     lanes laid out slot × lane: a dask array ``(slots, cells)``; for xarray
     input a DataArray ``(slot, *cell_dims)`` with ``"row,col"`` slot labels."""
-    m, inp, f, pv = _prepare(source, u, model, forcing, p)
+    m, inp, f, pv = _prepare(source, u, model, forcing, p, options, per_cell)
     layout = layout if layout is not None else _lsb()()
     k = m.slots(layout)
     arrays = [inp.u] + ([f] if f is not None else [])
@@ -116,19 +135,20 @@ def jacobian(source, u, *, layout=None, p=None, t: float = 0.0, forcing=None,
 
 
 def apply(source, u, v, *, p=None, t: float = 0.0, forcing=None, model: str | None = None,
-          threads: int | None = 1):
+          threads: int | None = 1, per_cell=None, options: dict | None = None):
     """``J(u)·v`` per chunk (``v`` shaped and chunked like ``u``)."""
-    return _products(source, u, v, p, t, forcing, model, threads, False)
+    return _products(source, u, v, p, t, forcing, model, threads, False, options, per_cell)
 
 
 def apply_transpose(source, u, lam, *, p=None, t: float = 0.0, forcing=None,
-                    model: str | None = None, threads: int | None = 1):
+                    model: str | None = None, threads: int | None = 1, per_cell=None,
+                    options: dict | None = None):
     """``J(u)ᵀ·λ`` per chunk, accumulated in float64 (as ``apply_transpose``)."""
-    return _products(source, u, lam, p, t, forcing, model, threads, True)
+    return _products(source, u, lam, p, t, forcing, model, threads, True, options, per_cell)
 
 
-def _products(source, u, v, p, t, forcing, model_name, threads, transpose):
-    m, inp, f, pv = _prepare(source, u, model_name, forcing, p)
+def _products(source, u, v, p, t, forcing, model_name, threads, transpose, options, per_cell):
+    m, inp, f, pv = _prepare(source, u, model_name, forcing, p, options, per_cell)
     vin = _state(m, v)
     if vin.u.shape != inp.u.shape:
         raise JacError("bad_argument", f"the vector has shape {vin.u.shape}; the state {inp.u.shape}")

@@ -2,6 +2,7 @@
 facts the graph needs (names, sizes, defaults), memoised per source."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ import numpy as np
 from ...errors import JacError
 from ...layouts.types import LaneSparseBlocks
 from ...runtime.programs import JacobianProgram, RhsProgram
+from .._common import cell_options
 from ._spec import (_BUILD_LOCK, _BUILT, _TEMPLATE_CELLS, _Built, _Spec, _built, _cell_sets, _load_doc,
                     _pack, _reads_cells, _resized, _spec_key)
 
@@ -35,6 +37,7 @@ class DaskModel:
     u0: dict = field(default_factory=dict)   # species → the document's default (its first cell)
     lu_pattern: tuple = ()
     kind: str = "cell"
+    box: bool = False             # a box mechanism: its grid is the data's
     _built: Any = field(default=None, repr=False)
 
     @property
@@ -88,29 +91,43 @@ _MODELS_LOCK = threading.Lock()
 
 
 def model(source, model: str | None = None, *, cells: int | None = None,
-          options: dict | None = None) -> DaskModel:
+          options: dict | None = None, per_cell=None, cell_shape: tuple | None = None) -> DaskModel:
     """Prepare ``source`` (an .esm path, JSON text or dict) for chunked
     evaluation over ``cells`` grid cells (default: the document's own).
+
+    A box mechanism (scalar species and parameters, the form chemists
+    publish) is a cell program: its grid is the data's, any cell count and
+    any ``cell_shape``. ``per_cell`` names the scalar parameters read per
+    cell from the data (temperature, photolysis rates...): short names where
+    unambiguous (``"T"``), qualified always (``"Chem.T"``); the build option
+    ``options={"per_lane": [...]}`` is the same thing.
 
     Refuses a model that couples cells (``unsupported_construct``): a
     chunk's edge cells would miss their neighbours."""
     if isinstance(source, DaskModel):
         return source
     doc = _load_doc(source)
-    opts = tuple(sorted((options or {}).items()))
+    opts = cell_options(options, per_cell) or {}
+    okey = tuple(sorted((k, v) for k, v in opts.items()))
+    try:
+        hash(okey)
+    except TypeError:
+        raise JacError("bad_option", "build options must be plain values (names, numbers, tuples); "
+                                     f"got {okey!r}") from None
     raw = _pack(doc)
-    memo = (hashlib.sha256(raw).hexdigest(), model, opts, cells)
+    shape = tuple(int(x) for x in cell_shape) if cell_shape is not None else None
+    memo = (hashlib.sha256(raw).hexdigest(), model, okey, cells, shape)
     with _MODELS_LOCK:
         hit = _MODELS.get(memo)
     if hit is not None:
         return hit
-    m = _make_model(doc, model, dict(opts), cells)
+    m = _make_model(doc, model, dict(okey), cells, shape)
     with _MODELS_LOCK:
         _MODELS[memo] = m
     return m
 
 
-def _make_model(doc: dict, model_name, opts: dict, cells: int | None) -> DaskModel:
+def _make_model(doc: dict, model_name, opts: dict, cells: int | None, cell_shape=None) -> DaskModel:
     sets = _cell_sets(doc, model_name)
     otup = tuple(sorted(opts.items()))
     built = spec = None
@@ -129,14 +146,19 @@ def _make_model(doc: dict, model_name, opts: dict, cells: int | None) -> DaskMod
                     spec = _Spec(packed, model_name, otup, full_shape, True,
                                  _spec_key(packed, model_name, otup, True))
                     built = _Built(r2, j2)
-        except JacError:
+        except JacError as exc:
+            if exc.code == "bad_option":       # a misspelt per_cell name: say so now
+                raise
             spec = None
     if spec is None:                   # not resizable: the workers build the full document
         r2 = RhsProgram.build(doc, model_name, options=opts)
         j2 = JacobianProgram.build(doc, model_name, options=opts)
         full_shape = tuple(r2.layout.cell_shape)
         packed = _pack(doc)
-        spec = _Spec(packed, model_name, otup, full_shape, False, _spec_key(packed, model_name, otup, False))
+        # A box mechanism is a cell program of any lane count: it is its own template.
+        box = bool(r2.layout.box) and r2.kind == j2.kind == "cell" and \
+            not (_reads_cells(r2) or _reads_cells(j2))
+        spec = _Spec(packed, model_name, otup, full_shape, box, _spec_key(packed, model_name, otup, box))
         built = _Built(r2, j2)
     if built.rhs.kind != "cell" or built.jac.kind != "cell":
         raise JacError("unsupported_construct",
@@ -146,26 +168,57 @@ def _make_model(doc: dict, model_name, opts: dict, cells: int | None) -> DaskMod
                        "(chemistry per cell through esmjac.adapters.dask, transport in the host model) "
                        "or integrate the coupled system in one process with kind 'scipy.ivp' or "
                        "'sundials.cvode'")
+    lay = built.rhs.layout
     n_real = int(np.prod(full_shape)) if full_shape else 1
-    if cells is not None and int(cells) != n_real:
-        if not spec.template or len(full_shape) != 1:
+    want = int(cells) if cells is not None else None
+    if cell_shape is not None and spec.template:
+        if want is not None and int(np.prod(cell_shape)) != want:
+            raise JacError("bad_argument", f"cell_shape {cell_shape} does not hold {want} cells")
+        want = int(np.prod(cell_shape))
+    if want is not None and (want != n_real or (cell_shape is not None and spec.template)):
+        if not spec.template:
             raise JacError("bad_argument",
-                           f"the document's grid has {n_real} cells; the data has {cells} (only a "
-                           "one-dimensional cell grid of a resizable model follows the data)")
-        full_shape, n_real = (int(cells),), int(cells)
+                           f"the document's grid has {n_real} cells; the data has {want}. This model's "
+                           "kernels read cell index values, so its grid is the document's; a box "
+                           "mechanism or a model whose cells are independent of their index follows "
+                           "the data")
+        full_shape = tuple(cell_shape) if cell_shape is not None else (want,)
+        n_real = want
         spec = _Spec(spec.doc, spec.model, spec.options, full_shape, spec.template,
                      _spec_key(spec.doc, spec.model, spec.options, spec.template))
     with _BUILD_LOCK:
         _BUILT.setdefault(spec.key, built)
-    lay = built.rhs.layout
-    fdef = _forcing_defaults(doc, model_name, lay.forcing)
+    if lay.box:                       # the document's own (scalar) defaults, per forcing field
+        f0 = built.rhs.defaults(1)[2]
+        fdef = {} if f0 is None else {n: float(v) for n, v in zip(lay.forcing, np.asarray(f0).ravel())}
+    else:
+        fdef = _forcing_defaults(doc, model_name, lay.forcing)
     lsb = built.plan(_lsb()())
     u0 = np.asarray(built.rhs.u0, dtype=np.float64).reshape(len(lay.states), -1)[:, 0] \
         if built.rhs.u0 is not None else np.zeros(len(lay.states))
     return DaskModel(spec, tuple(lay.states), tuple(lay.forcing), tuple(lay.params),
                      np.array(built.rhs.p0, dtype=np.float64), fdef, n_real,
                      dict(zip(lay.states, u0.tolist())), tuple(tuple(x) for x in lsb.info["lu_pattern"]),
-                     "cell")
+                     "cell", box=bool(lay.box))
+
+
+def on_grid(m: DaskModel, cell_shape: tuple) -> DaskModel:
+    """``m`` on the data's cell grid: a box mechanism or a model whose
+    kernels do not read cell indices (a template spec) takes the data's
+    shape, the same programs and spec key; any other keeps the document's
+    grid, which the data must match."""
+    shape = tuple(int(x) for x in cell_shape)
+    n = int(np.prod(shape)) if shape else 1
+    if tuple(m.spec.cell_shape) == shape:
+        return m
+    if m.spec.template:
+        return dataclasses.replace(m, spec=dataclasses.replace(m.spec, cell_shape=shape), cells=n)
+    if n == m.cells:
+        return m
+    raise JacError("bad_argument",
+                   f"the document's grid has {m.cells} cells; the data has {n}. This model's kernels read "
+                   "cell index values, so its grid is the document's; a box mechanism or a model whose "
+                   "cells are independent of their index follows the data")
 
 
 def _forcing_defaults(doc: dict, model_name, names) -> dict:

@@ -31,6 +31,44 @@ class _Input:
     template: Any = None           # the xarray object, for unstacking
     cell_dims: tuple = ()
     stacked: Any = None            # the stacked index (a MultiIndex) or None
+    names: tuple = ()              # the Dataset's variable name of each species (short or qualified)
+
+    @property
+    def cell_shape(self) -> tuple:
+        if self.kind == "dask":
+            return (int(self.u.shape[1]),)
+        return tuple(int(self.template.sizes[d]) for d in self.cell_dims)
+
+
+def _short(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _lookup(name: str, keys, model_names) -> str | None:
+    """The key of ``keys`` that holds model variable ``name``: the qualified
+    name itself, or its short name (``BoxNOx.T`` → ``T``) where no other of
+    ``model_names`` has the same short name (then the qualified name is needed)."""
+    if name in keys:
+        return name
+    short = _short(name)
+    if short != name and short in keys:
+        if sum(_short(n) == short for n in model_names) > 1:
+            raise JacError("bad_argument", f"{short!r} is ambiguous here (it could be any of "
+                                           f"{[n for n in model_names if _short(n) == short]}): "
+                                           "name the variable by its qualified name")
+        return short
+    return None
+
+
+def _to_model_name(key: str, model_names) -> str | None:
+    """The model variable a user's key (qualified or short) names, or None."""
+    if key in model_names:
+        return key
+    hits = [n for n in model_names if _short(n) == key]
+    if len(hits) > 1:
+        raise JacError("bad_argument", f"{key!r} is ambiguous (it could be any of {hits}): "
+                                       "use the qualified name")
+    return hits[0] if hits else None
 
 
 def _as_dask(x, name: str):
@@ -59,17 +97,21 @@ def _state(m: DaskModel, u) -> _Input:
 
 def _xr_state(m: DaskModel, u) -> _Input:
     import xarray as xr
+    names: tuple = ()
     if isinstance(u, xr.Dataset):
-        missing = [s for s in m.species if s not in u.data_vars]
+        keys = list(u.data_vars)
+        found = [_lookup(s, keys, m.species) for s in m.species]
+        missing = [s for s, k in zip(m.species, found) if k is None]
         if missing:
-            raise JacError("bad_argument", f"the Dataset lacks species {missing}; it needs one variable "
-                                           f"per species {list(m.species)}")
-        first = u[m.species[0]]
-        dims = first.dims
-        for s in m.species:
-            if u[s].dims != dims:
-                raise JacError("bad_argument", f"species {s!r} has dims {u[s].dims}; expected {dims}")
-        da_ = xr.concat([u[s] for s in m.species], dim=SPECIES_DIM)
+            raise JacError("bad_argument", f"the Dataset lacks species {[_short(s) for s in missing]}; it "
+                                           f"needs one variable per species {[_short(s) for s in m.species]} "
+                                           "(short or qualified names)")
+        names = tuple(found)
+        dims = u[names[0]].dims
+        for s, k in zip(m.species, names):
+            if u[k].dims != dims:
+                raise JacError("bad_argument", f"species {k!r} has dims {u[k].dims}; expected {dims}")
+        da_ = xr.concat([u[k] for k in names], dim=SPECIES_DIM)
         kind = "dataset"
     elif isinstance(u, xr.DataArray):
         if u.dims[0] != SPECIES_DIM or u.sizes[SPECIES_DIM] != m.n_species:
@@ -81,7 +123,7 @@ def _xr_state(m: DaskModel, u) -> _Input:
     else:
         raise JacError("bad_argument", f"unsupported xarray type {type(u).__name__}")
     st = _stack(da_, dims)
-    return _Input(_as_dask(_dask_data(st), "u"), kind, u, tuple(dims), st)
+    return _Input(_as_dask(_dask_data(st), "u"), kind, u, tuple(dims), st, names)
 
 
 def _stack(x, dims):
@@ -105,36 +147,64 @@ def _forcing(m: DaskModel, forcing, inp: _Input):
     """Forcing as a dask array (n_forcing, cells) chunked like ``u``, or None."""
     import dask.array as da
     u = inp.u
+    if inp.kind == "dataset" and (forcing is None or isinstance(forcing, dict)):
+        _refuse_scalar_fields(m, inp)
     if not m.forcing_names:
         if forcing is not None and not (inp.kind == "dataset" and forcing is inp.template):
-            raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
+            named = [k for k in (forcing if isinstance(forcing, dict) else ())
+                     if _to_model_name(str(k), m.param_names)]
+            hint = (f" ({', '.join(map(repr, named))}: scalar parameter(s); declare them per cell with "
+                    "per_cell=[...] to give one value per cell)") if named else ""
+            raise JacError("bad_argument", f"this model has no forcing fields; pass forcing=None{hint}")
         return None
     rows = []
     src = forcing
     if isinstance(src, dict):
-        extra = sorted(set(src) - set(m.forcing_names))
-        if extra:
-            raise JacError("bad_argument", f"unknown forcing fields {extra}; this model's are "
-                                           f"{list(m.forcing_names)}")
-    if src is None and inp.kind == "dataset":
-        src = inp.template                     # forcing variables inside the state Dataset
+        given = {}
+        for k in src:
+            n = _to_model_name(str(k), m.forcing_names)
+            if n is None:
+                hint = (" (a scalar parameter: declare it per cell with per_cell=[...] to give it one "
+                        "value per cell, or pass it in p=)") if _to_model_name(str(k), m.param_names) else ""
+                raise JacError("bad_argument", f"unknown forcing field {k!r}{hint}; this model's are "
+                                               f"{[_short(x) for x in m.forcing_names]}")
+            given[n] = src[k]
+        src = given
+    elif src is not None and not isinstance(src, (np.ndarray, da.Array)) and \
+            not (type(src).__module__.split(".")[0] == "xarray" and hasattr(src, "data_vars")):
+        raise JacError("bad_argument", "forcing is a dict of per-cell fields (name → one value per cell), "
+                                       "an xarray Dataset, or an array (n_forcing, cells); got "
+                                       f"{type(src).__name__}")
+    tables = []                                # xarray Datasets to read fields from, in order
+    if type(src).__module__.split(".")[0] == "xarray" and hasattr(src, "data_vars"):
+        tables.append(src)
+    if inp.kind == "dataset" and (src is None or isinstance(src, dict)):
+        tables.append(inp.template)            # per-cell fields inside the state Dataset
     for n in m.forcing_names:
-        x = None
-        if src is not None and not isinstance(src, (np.ndarray, da.Array)):
-            try:
-                x = src[n]
-            except KeyError:
-                x = None
+        x = src.get(n) if isinstance(src, dict) else None
+        for tab in tables:
+            if x is None:
+                k = _lookup(n, list(tab.data_vars), m.forcing_names)
+                x = tab[k] if k is not None else None
         if x is None:
             if isinstance(src, (np.ndarray, da.Array)):
                 break
             if n not in m.forcing_defaults:
-                raise JacError("bad_argument", f"forcing field {n!r} is required (no scalar default)")
+                raise JacError("bad_argument", f"forcing field {_short(n)!r} is required (no scalar default): "
+                                               "pass it in forcing= or as a Dataset variable")
             rows.append(da.full((1, u.shape[1]), m.forcing_defaults[n], dtype=u.dtype, chunks=(1, u.chunks[1])))
             continue
         if type(x).__module__.split(".")[0] == "xarray":
             if inp.kind == "dask":
                 raise JacError("bad_argument", "pass forcing as dask arrays when the state is a dask array")
+            extra = [d for d in x.dims if d not in inp.cell_dims]
+            if extra:
+                raise JacError("bad_argument", f"forcing {_short(n)!r} has dims {x.dims}; the cells are "
+                                               f"{inp.cell_dims} (a per-cell field may span fewer of them)")
+            if set(x.dims) != set(inp.cell_dims):      # e.g. temperature by latitude only: broadcast
+                import xarray as xr
+                x = xr.broadcast(x, inp.template[inp.names[0]] if inp.names else
+                                 inp.template.isel({SPECIES_DIM: 0}, drop=True))[0]
             st = _stack(x.transpose(*inp.cell_dims), inp.cell_dims)
             a = _dask_data(st)
         else:
@@ -152,20 +222,18 @@ def _forcing(m: DaskModel, forcing, inp: _Input):
     return a.astype(u.dtype).rechunk((len(m.forcing_names), u.chunks[1]))
 
 
-def _state_probe(u) -> int | None:
-    """The number of cells in ``u`` (for the grid size), before checks."""
-    try:
-        import xarray as xr
-        if isinstance(u, xr.Dataset):
-            v = next(iter(u.data_vars.values()))
-            return int(np.prod([u.sizes[d] for d in v.dims]))
-        if isinstance(u, xr.DataArray):
-            return int(np.prod([u.sizes[d] for d in u.dims[1:]]))
-    except ImportError:
-        pass
-    shape = getattr(u, "shape", None)
-    return int(shape[1]) if shape is not None and len(shape) == 2 else None
-
+def _refuse_scalar_fields(m: DaskModel, inp: _Input) -> None:
+    """A Dataset variable over the cells that names a scalar parameter would
+    be silently ignored (the model reads one number for all cells): refused,
+    with the way to read it per cell."""
+    cells = set(inp.cell_dims)
+    for k in inp.template.data_vars:
+        n = _to_model_name(str(k), m.param_names)
+        if n is not None and cells & set(inp.template[k].dims):
+            raise JacError("bad_argument",
+                           f"the Dataset's variable {k!r} varies over the cells, but {n} is a scalar "
+                           f"parameter of the model (one value for all cells): declare it per cell "
+                           f"(per_cell=[{_short(n)!r}, ...]) to read it from the Dataset, or drop it")
 
 
 # ---------------------------------------------------------------- outputs
@@ -182,7 +250,8 @@ def _out_states(inp: _Input, a, m: DaskModel):
     if inp.kind == "dataarray":
         return x.assign_coords({SPECIES_DIM: inp.template[SPECIES_DIM]}) \
             if SPECIES_DIM in inp.template.coords else x
-    return xr.Dataset({s: x.isel({SPECIES_DIM: i}, drop=True) for i, s in enumerate(m.species)},
+    names = inp.names or m.species
+    return xr.Dataset({s: x.isel({SPECIES_DIM: i}, drop=True) for i, s in enumerate(names)},
                       attrs=dict(inp.template.attrs))
 
 
