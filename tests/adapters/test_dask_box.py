@@ -163,6 +163,18 @@ def test_dask_array_bitwise_on_two_processes(client, grid, chunks):
     assert all(not c["failures"] for c in per) and sum(c["steps"] for c in per) > 0
 
 
+def test_bitwise_on_threads(grid):
+    """The threaded scheduler (3 threads sharing one process's programs and
+    each its own workspaces) gives the same bits."""
+    import dask
+    ds = _dataset(grid, DS_CHUNKS[2])
+    g = [ad.rhs(BOX, ds, per_cell=PER_CELL), ad.advance(BOX, ds, T_SPAN, rtol=RTOL, per_cell=PER_CELL).u]
+    with dask.config.set(scheduler="threads", num_workers=3):
+        f, y = dask.compute(*g)
+    assert np.array_equal(_stack(f, grid["species"]), grid["ref"]["rhs"])
+    assert np.array_equal(_stack(y, grid["species"]), grid["ref"]["advance"])
+
+
 def test_workers_build_the_box_once_from_a_small_spec(client, grid):
     m = ad.model(BOX, per_cell=PER_CELL)
     assert m.box and m.spec.template and len(m.spec.doc) < 8192
