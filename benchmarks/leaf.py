@@ -408,13 +408,15 @@ def bench_tiles_bound(cells, reps, out):
     return out
 
 
-def bench_wmethod(cells, cells_300, reps, out):
+def bench_wmethod(cells, cells_300, reps, out, models=("tropo12", "synthetic300")):
     """W: Rodas3 vs ROS34PW2 with per-lane Jacobian/LU reuse, at several rtols."""
     from esmjac.adapters.native import rosenbrock
     routes = [("rodas3", r, {}) for r in (1e-3, 1e-4, 1e-5)] + \
              [("ros34pw2", r, {}) for r in (1e-3, 1e-4, 1e-5, 1e-6)]
     res = {}
     for label, doc_fn, L in (("tropo12", _tropo, cells), ("synthetic300", _synth, cells_300)):
+        if label not in models:
+            continue
         doc = doc_fn(L)
         leaves = {f"{m} rtol={r:g}": rosenbrock(doc, method=m, rtol=r, threads=1, **kw)
                   for m, r, kw in routes}
@@ -445,8 +447,12 @@ def bench_wmethod(cells, cells_300, reps, out):
                 tt = st.totals()
                 r.update(tt, err_vs_bdf=_err(v.reshape(n, L)[:, ref_idx], ref, atol_s),
                          jac_lu_per_accepted=(tt["njev"] + tt["ndec"]) / tt["naccept"])
-        for r in rec.values():
+        for name, r in rec.items():
             r["cpu_median"] = statistics.median(r["cpu"])
+            print(f"W {label} x{L} {name}: err {r['err_vs_bdf']:.2e}, {r['naccept']} accepted, "
+                  f"{r['nreject']} rejected, J {r['njev']} LU {r['ndec']} "
+                  f"({r['jac_lu_per_accepted']:.3f} per accepted step), {r['cpu_median']:.3f} s CPU, "
+                  f"load {r['load']}", file=sys.stderr, flush=True)
         res[label] = {"cells": L, "species": n, "routes": rec}
     out["W"] = res
     return out
@@ -460,6 +466,7 @@ def main(argv=None):
     ap.add_argument("--cells-adjoint", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cells-w", type=int, default=2000)
+    ap.add_argument("--w-models", default="tropo12,synthetic300")
     ap.add_argument("--only", default="L1,L2,L3,L4,W")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
@@ -482,13 +489,7 @@ def main(argv=None):
         print(f"L4 tiles vs tile=None: {l4['speedup_tiles']:.2f}x cells/s "
               f"({l4['attempts']} lane-step attempts, {l4['step_calls']} block steps)", file=sys.stderr)
     if "W" in only:
-        bench_wmethod(a.cells_w, a.cells_300, a.reps, out)
-        for label, blk in out["W"].items():
-            for name, r in blk["routes"].items():
-                print(f"W {label} x{blk['cells']} {name}: err {r['err_vs_bdf']:.2e}, {r['naccept']} accepted, "
-                      f"{r['nreject']} rejected, J {r['njev']} LU {r['ndec']} "
-                      f"({r['jac_lu_per_accepted']:.3f} per accepted step), {r['cpu_median']:.3f} s CPU, "
-                      f"load {r['load']}", file=sys.stderr)
+        bench_wmethod(a.cells_w, a.cells_300, a.reps, out, tuple(a.w_models.split(",")))
     if "L2" in only:
         bench_300(a.cells_300, a.reps, out)
         print(json.dumps({k: v for k, v in out["L2"].items() if k != "routes"}), file=sys.stderr)

@@ -58,9 +58,14 @@ AUTO_LANES_PER_THREAD = 1024
 #: A W-method lane's Jacobian serves at most this many accepted steps by
 #: default (``max_jac_age``), and its factorisation is kept — the step held
 #: at the factorisation's — while the controller proposes a step within
-#: ``HOLD`` times it (``hold``). Chosen by measurement (benchmarks/leaf.py "W").
-MAX_JAC_AGE = 20
-HOLD = (1.0, 2.0)
+#: ``HOLD`` times it (``hold``). Chosen by measurement on GEOS-Chem fullchem
+#: (64 cells, rtol 1e-3; benchmarks/RESULTS.md "W"): older Jacobians (8, 20
+#: steps) passed the error test yet left 2–9× the error of a fresh one
+#: against the reference — the embedded estimate does not see all of a
+#: stale Jacobian's error in the stiff components —; at 5 the error equals
+#: Rodas3's at rtol 3e-4 with 0.6 Jacobians+LUs per accepted step.
+MAX_JAC_AGE = 5
+HOLD = (1.0, 3.0)
 
 #: Lanes per block at most: a block's whole working set (Jacobian, iteration
 #: matrix, stages, states: ≈ 1.5 kB per lane for a 15-species mechanism)
