@@ -35,9 +35,15 @@ _OPC = {o: i for i, o in enumerate(OPS)}
 
 
 class Tape:
-    """Encoded instructions (``code``: int64 rows), constants and register count."""
+    """Encoded instructions (``code``: int64 rows), constants and register
+    count. Both arrays are read-only from construction on: a tape is a build
+    product, and a fresh tape and one loaded from the cache (read-only) then
+    reach :func:`run_tape` with the same Numba signature — one compile (about
+    20 s of CPU for the parallel interpreter), not one per writability."""
 
     def __init__(self, code: np.ndarray, consts: np.ndarray, nreg: int):
+        code.setflags(write=False)
+        consts.setflags(write=False)
         self.code = code
         self.consts = consts
         self.nreg = nreg
