@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP_BASE := $(VENV)/.esmjac-base
 STAMP_TEST := $(VENV)/.esmjac-test
 
-.PHONY: demo test check clean-cache docs goldens bench clean
+.PHONY: demo test check lint clean-cache docs goldens bench clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -40,13 +40,17 @@ demo: $(STAMP_BASE)
 # reused. `make clean-cache` (or `make clean`) empties it: `make clean-cache
 # test` is a cold run, as CI's.
 TEST_CACHE := $(CURDIR)/.esmjac-cache/tests
-PYTEST := ESMJAC_CACHE_DIR=$(TEST_CACHE) $(VPY) -m pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15
+PYTEST := ESMJAC_CACHE_DIR=$(TEST_CACHE) $(VPY) -m pytest -q -n auto --maxprocesses=4 --dist loadfile --durations=15 --cpu-durations=15
 
-# Layer contracts first (pyproject [tool.importlinter]), then every test,
-# the 15 slowest named.
-test: $(STAMP_TEST)
-	$(VENV)/bin/lint-imports
+# Layer contracts, lint and types first (pyproject [tool.importlinter],
+# [tool.ruff], [tool.mypy]), then every test, the 15 slowest named.
+test: lint
 	$(PYTEST)
+
+lint: $(STAMP_TEST)
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # The fast loop: no child processes, corpus, peers or docs build.
 check: $(STAMP_TEST)

@@ -30,10 +30,10 @@ import sys
 import time
 import warnings
 
+from esmjac.models.mechanism import synthetic_mechanism
+
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-
-from esmjac.models.mechanism import synthetic_mechanism
 
 FULL_SIZES = [(20, 50), (75, 200), (150, 400), (300, 800)]
 QUICK_SIZES = [(10, 25), (20, 50), (40, 100)]

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import importlib.resources
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
+from benchmarks import peers
 from tests.support.paths import FIXTURES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-from benchmarks import peers
 
 TROPO12 = pathlib.Path(importlib.resources.files("esmjac.models") / "tropo12.esm")
 BD_CHEM = FIXTURES / "bd_chem.esm"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import pickle
 import subprocess
 import sys
@@ -205,7 +204,6 @@ print(json.dumps(res))
 
 @pytest.mark.slow
 def test_bitwise_identical_for_1_2_7_16_threads():
-    root = pathlib.Path(__file__).resolve().parents[2]
     env = dict(os.environ, NUMBA_NUM_THREADS="16")
     p = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, "-", str(TROPO12)],
                        capture_output=True, text=True, env=env, timeout=600)

@@ -6,17 +6,15 @@ from __future__ import annotations
 import json
 import importlib.resources
 import pathlib
-import sys
 
 import pytest
 
 from esmjac.calculus.bandset import BandSet
+from esmjac.models import mechanism
+from esmjac.models.mechanism import lift, synthetic_mechanism
 from esmjac.reference.check import fd_check
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-from esmjac.models import mechanism
-from esmjac.models.mechanism import lift, synthetic_mechanism
 
 TROPO12 = ROOT / "examples" / "tropo12.esm"
 TROPO12_PKG = pathlib.Path(importlib.resources.files("esmjac.models") / "tropo12.esm")

@@ -4,14 +4,12 @@ reference assembly (every fixture, wrt, layout; three random points)."""
 from __future__ import annotations
 
 import json
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 from scipy.sparse import csr_array
 
-from tests.support.paths import ALL_FIXTURES, FIXTURES, need_reference
+from tests.support.paths import ALL_FIXTURES
 from tests.support.programs import TROPO12, close, jac_prog, point, rhs_prog, src_of
 
 from esmjac import JacError, assemble

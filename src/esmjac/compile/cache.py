@@ -312,7 +312,7 @@ def dependency_files(doc: Any, base: Path) -> list | None:
     return sorted(seen.items())
 
 
-def _document(source: Any) -> tuple | None:
+def _document(source: Any) -> tuple[bytes, Any, Path] | None:
     """(bytes, JSON tree or None, base folder) of a document given as a
     path, JSON text or dict; None when it cannot be keyed."""
     if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
@@ -773,7 +773,7 @@ def _discard(key: str) -> None:
             _remove(p, p.with_name(p.name + ".sha256"))
 
 
-def _read_entry(key: str, check_deps: bool) -> tuple | None:
+def _read_entry(key: str, check_deps: bool) -> tuple[dict, bytes] | None:
     """(parsed JSON, npz bytes) of the entry under ``key``, both verified
     against their stored hashes, or None (a logged miss; corrupt files removed)."""
     stem = cache_dir() / f"b{key[:40]}"
@@ -829,7 +829,8 @@ class StoredProduct:
     what was verified, whatever happens to the file meanwhile."""
 
     def __init__(self, key: str, data: bytes, npz: bytes, types: dict):
-        self._key, self._raw, self._types = key, (data, npz), types
+        self._key, self._types = key, types
+        self._raw: tuple[bytes, bytes] | None = (data, npz)
         self._value: list = []
         self._lock = threading.Lock()
 
@@ -841,6 +842,7 @@ class StoredProduct:
         with self._lock:
             if not self._value:
                 try:
+                    assert self._raw is not None       # held until the first decode succeeds
                     data, npz = self._raw
                     doc = json.loads(data)
                     if not isinstance(doc, dict) or doc.get("esmjac_product") != PRODUCT_FORMAT \
@@ -864,7 +866,7 @@ def read_product(key: str, types: dict) -> StoredProduct | None:
     stem = cache_dir() / f"b{key[:40]}"
     data = _read_verified(stem.with_suffix(".json"))
     npz = _read_verified(stem.with_suffix(".npz")) if data is not None else None
-    return None if npz is None else StoredProduct(key, data, npz, types)
+    return None if data is None or npz is None else StoredProduct(key, data, npz, types)
 
 
 def discard_product(key: str) -> None:

@@ -666,7 +666,7 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
     size = (nin + nout) * TW
     copy_in = []
     for (src, s), i in sec.items():
-        copy_in.append((f"S[{i} * {TW} + j] = {src}[{s} * L + l0 + j]"))
+        copy_in.append(f"S[{i} * {TW} + j] = {src}[{s} * L + l0 + j]")
     for i, d in enumerate(cdims):
         copy_in.append(f"S[{len(reads) + i} * {TW} + j] = cix[{d} * L + l0 + j]")
     cvals = [f"c{d} = S[{len(reads) + i} * {TW} + j]" for i, d in enumerate(cdims)]
@@ -745,7 +745,6 @@ def _rhs_tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, TW: 
                   _hint(doc, names))
     pr.run([vals[0] for _, vals, _ in taken])
     hv = [f"    hv{j} = h[{j}]" for j in sorted(pr.hoisted)]
-    nout = len(taken)
     cvals = ["ju = nb.uint64(j)"] + [f"c{d} = float(cix[_c{d} + ju])" for d in cdims]
     views = [f"    {view[r]} = nb.uint64({r[1]} * L + l0)" for r in reads]
     views += [f"    _c{d} = nb.uint64({d} * L + l0)" for d in cdims]

@@ -679,7 +679,7 @@ class RosenbrockLeaf:
         if te.size == 0 or np.any(np.diff(te) < 0) or te[0] < t0 or te[-1] > tf:
             raise JacError("bad_argument", f"t_eval must be increasing inside {(t0, tf)}")
         y = self.initial_state(y0)
-        L = self.lanes_of(y)
+        self.lanes_of(y)                    # refuses a state that is not whole lanes
         saved = self.rtol, self.atol
         if rtol is not None:
             self.rtol = self._rtol(rtol)

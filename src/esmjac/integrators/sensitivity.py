@@ -355,7 +355,7 @@ class Sensitivities:
 
     def _pad(self, lanes, ys, hs, fz_full, cix_full, L):
         """Compact copies of one record's lanes (y, h, forcing, cell indices)."""
-        n, nf = self.leaf.n_species, len(self.leaf.forcing_names)
+        nf = len(self.leaf.forcing_names)
         k = m = lanes.size
         y = np.ascontiguousarray(ys.reshape(-1))
         h = np.ascontiguousarray(hs)

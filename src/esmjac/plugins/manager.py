@@ -23,7 +23,7 @@ __all__ = ["ENTRY_POINT_GROUP", "plugin_manager", "adapter_infos", "create"]
 ENTRY_POINT_GROUP = "esmjac.adapters"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def plugin_manager() -> pluggy.PluginManager:
     """The (cached) plugin manager with every installed adapter registered.
 

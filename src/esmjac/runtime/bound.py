@@ -57,14 +57,14 @@ def serial_twin(fn):
         py = fn.py_func
         lines = textwrap.dedent(inspect.getsource(py)).splitlines()
         body = "\n".join(x for x in lines if not x.startswith("@")).replace("nb.prange(", "range(")
-        src = ("# esmjac: serial twin of {mod}.{name} (generated; do not edit)\n"
-               "# from source {code}\n"
+        src = (f"# esmjac: serial twin of {py.__module__}.{py.__name__} (generated; do not edit)\n"
+               f"# from source {_sources_hash(py.__module__)}\n"
                "import importlib as _il\n"
                "import numba as nb\n"
-               "_m = _il.import_module({mod!r})\n"
-               "globals().update({{k: v for k, v in vars(_m).items() if not k.startswith('__')}})\n"
-               "\n\n@nb.njit(cache=True, nogil=True, error_model='numpy')\n{body}\n"
-               ).format(mod=py.__module__, name=py.__name__, body=body, code=_sources_hash(py.__module__))
+               f"_m = _il.import_module({py.__module__!r})\n"
+               "globals().update({k: v for k, v in vars(_m).items() if not k.startswith('__')})\n"
+               f"\n\n@nb.njit(cache=True, nogil=True, error_model='numpy')\n{body}\n"
+               )
         tw = _TWINS[fn] = getattr(load_source(src), py.__name__)
     return tw
 

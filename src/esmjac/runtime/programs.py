@@ -42,7 +42,7 @@ from . import kernels as K
 from .workspace import JacWorkspace, RhsScratch, lane_cells
 from .progress import done, stage
 from ..compile.cache import document_key
-from .stored import LazyDoc, build_key, cached_build, fingerprint, heads_of
+from .stored import LazyDoc, build_key, cached_build, fingerprint, heads_of  # noqa: F401  (build_key: re-exported)
 from .bound import BoundJacobian, BoundRhs
 from .second import contract_at
 from .threads import one_thread, serial_below

@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-from typing import Any
 
 import numpy as np
 
