@@ -39,6 +39,25 @@ def test_rosenbrock_per_cell_short_name_and_alias():
     assert e.value.code == "bad_option"
 
 
+def test_short_names_in_forcing_p_y0_and_atol_dicts():
+    """A(1) = A0·exp(-k) by hand, with k, A0 and atol named by short names."""
+    from esmjac.adapters.scipy import ivp
+    from esmjac.integrators.leaf import rosenbrock
+    for forcing, p in (({"k": 2.0}, None), (None, {"k": 2.0})):        # p names a per-cell field: moved
+        s = ivp(DECAY, per_cell=["k"], forcing=forcing, p=p, y0={"A": 3.0}).solve(
+            (0.0, 1.0), rtol=1e-10, atol=1e-12)
+        assert abs(s.y[0, -1] - 3.0 * np.exp(-2.0)) < 1e-8
+    s = ivp(DECAY, p={"k": 0.25}).solve((0.0, 1.0), rtol=1e-10, atol=1e-12)     # a scalar parameter
+    assert abs(s.y[0, -1] - np.exp(-0.25)) < 1e-8
+    lf = rosenbrock(DECAY, p={"k": 0.25}, atol={"A": 1e-10, "B": 1e-10}, rtol=1e-8, threads=1)
+    u = np.array([1.0, 0.0])
+    assert not lf.advance(u, 0.0, 1.0).status.any() and abs(u[0] - np.exp(-0.25)) < 1e-6
+    lf = rosenbrock(DECAY, per_cell=["k"], rtol=1e-8, threads=1)
+    u = np.array([1.0, 1.0, 0.0, 0.0])
+    assert not lf.advance(u, 0.0, 1.0, forcing={"k": [1.0, 2.0]}).status.any()
+    assert np.allclose(u[:2], np.exp(-np.array([1.0, 2.0])), rtol=1e-5)
+
+
 def test_ivp_and_layouts_take_per_cell():
     from esmjac.adapters.native import layouts
     from esmjac.adapters.scipy import ivp

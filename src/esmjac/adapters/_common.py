@@ -16,7 +16,7 @@ import numpy as np
 from ..calculus import state_independent
 from ..errors import JacError
 from ..layouts.types import Csr
-from ..model.layout import local_name, resolve_point
+from ..model.layout import key_base, local_name, resolve_point
 from ..model.load import load_view
 from ..runtime.checks import cell_options, integrable
 from ..runtime.programs import JacobianProgram, RhsProgram
@@ -46,7 +46,8 @@ def build_programs(source, model, build_options) -> tuple:
 
 def _hint(layout, key: str, what: str) -> str:
     """Why a key is unknown here when it names a parameter of the other kind."""
-    base = local_name(layout.scope, key).partition("[")[0]
+    base = key_base(layout.scope, key, layout.forcing + layout.params) or \
+        local_name(layout.scope, key).partition("[")[0]
     if base in layout.forcing and what != "forcing":
         return f" (`{base}` is a per-cell parameter: pass it in forcing=)"
     if base in layout.params and what == "forcing":
@@ -94,7 +95,9 @@ def _route_cell_parameters(lay, p, forcing):
     such a key is ambiguous and refused."""
     if not isinstance(p, dict):
         return p, forcing
-    moved = {k: v for k, v in p.items() if local_name(lay.scope, str(k)).partition("[")[0] in lay.forcing}
+    moved = {k: v for k, v in p.items()
+             if local_name(lay.scope, str(k)).partition("[")[0] not in lay.params
+             and key_base(lay.scope, str(k), lay.forcing) is not None}
     if not moved:
         return p, forcing
     if forcing is not None and not isinstance(forcing, dict):

@@ -33,6 +33,7 @@ from ..errors import JacError
 from ..layouts.types import DEFAULT_TILE, LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU
 from ..model.expr import free_names
+from ..model.layout import key_base
 from ..runtime import checks
 from ..runtime.programs import JacobianProgram, RhsProgram
 from ..runtime.threads import numba_threads
@@ -290,7 +291,7 @@ class RosenbrockLeaf:
             out = base
         elif isinstance(p, Mapping):
             out = base.copy()
-            for k, v in p.items():
+            for k, v in _qualified(p, names + self.forcing_names).items():
                 if k in names:
                     try:
                         out[names.index(k)] = float(v)
@@ -352,7 +353,7 @@ class RosenbrockLeaf:
             a = ATOL_FRACTION * np.maximum(scale, 1e-6 * top)
         elif isinstance(atol, Mapping):
             a = self._atol(None).copy()
-            for k, v in atol.items():
+            for k, v in _qualified(atol, self.species).items():
                 if k not in self.species:
                     raise JacError("unresolvable_column", f"atol names unknown species {k!r}; "
                                    f"species: {', '.join(self.species)}")
@@ -423,6 +424,7 @@ class RosenbrockLeaf:
             buf[:] = f0.reshape(-1)
             return buf, None
         if isinstance(forcing, Mapping):
+            forcing = _qualified(forcing, self.forcing_names)
             for k in forcing:
                 if k not in self.forcing_names:
                     raise JacError("unresolvable_column", f"unknown forcing field {k!r}; "
@@ -646,7 +648,7 @@ class RosenbrockLeaf:
             if L != cells:
                 base = np.repeat(base.reshape(n, cells)[:, :1], L, axis=1).reshape(-1) if cells else base
             y = base.copy()
-            for k, v in (y0 or {}).items():
+            for k, v in _qualified(y0 or {}, self.species).items():
                 if k not in self.species:
                     raise JacError("unresolvable_column", f"y0 names unknown species {k!r}; "
                                    f"species: {', '.join(self.species)}")
@@ -832,6 +834,15 @@ class RosenbrockLeaf:
             self.close()
         except Exception:                           # noqa: BLE001
             pass
+
+
+
+def _qualified(mapping: Mapping, names) -> dict:
+    """``mapping`` with each short key (``"T"``) replaced by the one name of
+    ``names`` it stands for (``"Chem.T"``); other keys are kept, for the
+    caller's own refusal (an ambiguous short name is refused here)."""
+    return {(key_base("", k, names) or k) if isinstance(k, str) and "[" not in k else k: v
+            for k, v in mapping.items()}
 
 
 def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, method: str = "rodas3",

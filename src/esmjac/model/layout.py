@@ -38,7 +38,7 @@ from .expr import AGG, ARRAY_OPS, Node, from_ast, is_array_expr, map_children, n
 from .load import SystemView, lhs_state
 
 __all__ = ["ModelLayout", "model_layout", "is_box", "ElementNames", "ode_states", "element_name", "element_names",
-           "local_name", "parse_key", "strides", "Point", "resolve_point", "default_vectors",
+           "local_name", "key_base", "parse_key", "strides", "Point", "resolve_point", "default_vectors",
            "index_reader"]
 
 
@@ -86,13 +86,31 @@ def local_name(scope: str, key: str) -> str:
     return key[len(scope):] if scope and key.startswith(scope) and key[len(scope):] else key
 
 
+def key_base(scope: str, key: str, names) -> str | None:
+    """The variable of ``names`` a user key names (scoped, bare, or -- where
+    unambiguous -- short: ``T`` for ``SuperFast.T``), element index dropped;
+    None when it names none of them. A short name shared by several is
+    refused with the qualified names to choose from."""
+    base = local_name(scope, key).partition("[")[0]
+    if base in names:
+        return base
+    hits = [n for n in names if n.endswith("." + base)]
+    if len(hits) > 1:
+        raise JacError("bad_argument", f"`{key}` is ambiguous; qualify it as one of {', '.join(hits)}")
+    return hits[0] if hits else None
+
+
 def parse_key(scope: str, key: str, shapes, what: str = "name") -> tuple:
     """``(variable, index)`` of a user key: ``index`` is the 0-based
     element tuple, or ``None`` for a whole-variable key. ``shapes`` maps the
-    known variables to their shapes; anything else is refused."""
+    known variables to their shapes; anything else is refused. A short name
+    is accepted where it is unambiguous (:func:`key_base`)."""
     base, _, rest = local_name(scope, key).partition("[")
     if base not in shapes:
-        raise JacError("bad_argument", f"unknown {what} `{key}`; known: {', '.join(shapes)}")
+        hit = key_base(scope, key, shapes)
+        if hit is None:
+            raise JacError("bad_argument", f"unknown {what} `{key}`; known: {', '.join(shapes)}")
+        base = hit
     if not rest:
         return base, None
     shape = tuple(shapes[base])
