@@ -29,7 +29,7 @@ Parts (RHS, Jacobian, LU, solves) are the leaf's own bound calls timed one by
 one on every recorded step attempt of one traced run (benchmarks/leaf.py
 "L4"); "step control + Python" is the rest of the measured total. Accuracy:
 max relative error over species above 1e3·atol against a tight BDF solve
-(``solve_ivp`` BDF, esmjac's exact sparse Jacobian, rtol 1e-8) of sampled
+(``solve_ivp`` BDF, esmjac's exact sparse Jacobian, rtol 1e-7) of sampled
 cells. Byte and flop bounds per cell-step: the LU (Markowitz order with
 fill-in; one division per multiplier, one multiply-subtract per update) and
 the stages' solves in flops, and the slots a step must write and read once
@@ -251,7 +251,10 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
            "attempts": int(st.nsteps.sum()), "accepted": int(st.naccept.sum()),
            "rejected": int(st.nreject.sum()), "njev": int(st.njev.sum()), "nfev": int(st.nfev.sum()),
            "conditions": info, "lu_slots": int(leaf._lu.nnz), "lu_flops": list(leaf._lu.flops),
-           "jac_engine": leaf.jac_program.kernel.engine, "rhs_engine": leaf.rhs_program.kernel.engine}
+           "jac_engine": leaf.jac_program.kernel.engine, "rhs_engine": leaf.rhs_program.kernel.engine,
+           "block_lanes": int(leaf._scratch_for(L, 1)[0][0][1]), "precision": leaf.precision}
+    if hoisted:
+        res["n_rate_fields"] = len(obj.rnames)
     for _ in range(reps):
         v = u0.copy()
         load = _load()
@@ -345,6 +348,20 @@ class HoistedRates:
         L = u.size // self.n_species
         return self.leaf.advance(u, t0, dt, forcing=self.forcing_of(forcing, L))
 
+    def verify(self, doc, U, F) -> float:
+        """Max relative difference between the published model's right-hand
+        side and the split one's (rates program + kinetics) on these cells."""
+        from esmjac.runtime.programs import RhsProgram
+        L = U.shape[1]
+        pub = RhsProgram.build(lifted(doc, 1), options={"progress": False})
+        u = np.ascontiguousarray(U.reshape(-1))
+        f0 = pub.bind(L)(u, pub.p0, 0.0, np.ascontiguousarray(F.reshape(-1)), np.empty_like(u))
+        kin = self.leaf.rhs_program
+        f1 = kin.bind(L)(u, kin.p0, 0.0, self.forcing_of(np.ascontiguousarray(F.reshape(-1)), L),
+                         np.empty_like(u))
+        scale = np.maximum(np.abs(f0), 1e-30 + 1e-12 * np.abs(f0).max())
+        return float(np.max(np.abs(f1 - f0) / scale))
+
 
 def bench_cvode(doc, L, rtol, out, ref=None, u0=None, fz=None, nall=None):
     from esmjac.adapters import sundials
@@ -383,17 +400,63 @@ def bench_cvode(doc, L, rtol, out, ref=None, u0=None, fz=None, nall=None):
     return res
 
 
+#: Routes: key → (label, rates hoisted, rosenbrock() keywords).
+ROUTES = {
+    "hoisted": ("leaf Rodas3, rates hoisted (KPP split)", True, {}),
+    "hoisted-mixed": ("leaf Rodas3, rates hoisted, precision=mixed", True, {"precision": "mixed"}),
+    "published": ("leaf Rodas3, as published (rates in every call)", False, {}),
+    "hoisted-oldblock": ("leaf Rodas3, rates hoisted, 1,024-lane blocks (before #25)", True,
+                         {"_block_bytes": 1 << 40}),
+}
+
+
+class _block_bytes:
+    """Temporarily set the leaf's block budget (None: leave it)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __enter__(self):
+        from esmjac.integrators import leaf as _leaf
+        self.old = _leaf.BLOCK_BYTES
+        if self.v is not None:
+            _leaf.BLOCK_BYTES = self.v
+
+    def __exit__(self, *exc):
+        from esmjac.integrators import leaf as _leaf
+        _leaf.BLOCK_BYTES = self.old
+
+
+def _cached_reference(doc, mech, L, idx, U, F, cache_dir):
+    """The BDF reference, stored by (mechanism file, cells, sampled cells)."""
+    import hashlib
+    key = hashlib.sha256(Path(mech).read_bytes() + repr((L, idx.tolist(), REF_RTOL)).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"realworkload-ref-{key}.npy"
+    if path.exists():
+        return np.load(path), 0.0
+    t0 = time.perf_counter()
+    y = reference(doc, idx, U, F, REF_RTOL)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, y)
+    return y, time.perf_counter() - t0
+
+
+REF_RTOL = 1e-7
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mech", default=os.environ.get("ESMJAC_GC_MECH", DEFAULT_MECH))
     ap.add_argument("--cells", default="1000,10000")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--rtol", type=float, default=1e-3)
-    ap.add_argument("--ref-cells", type=int, default=6)
+    ap.add_argument("--ref-cells", type=int, default=4)
     ap.add_argument("--cvode-cells", type=int, default=64)
     ap.add_argument("--no-trace", action="store_true")
-    ap.add_argument("--no-hoist", action="store_true", help="skip the hoisted-rates route")
-    ap.add_argument("--hoist-only", action="store_true", help="skip the as-published route")
+    ap.add_argument("--routes", default="hoisted,hoisted-mixed,hoisted-oldblock,published",
+                    help="comma list of " + ", ".join(ROUTES))
+    ap.add_argument("--trace-max", type=int, default=10000, help="time the parts up to this many cells")
+    ap.add_argument("--ref-cache", default=os.path.join(os.environ.get("ESMJAC_CACHE_DIR", "/tmp"), "bench-ref"))
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     if not Path(a.mech).exists():
@@ -407,16 +470,29 @@ def main(argv=None):
         names = cell_parameters(doc)
         F, U, _ = conditions(doc, names, L)
         idx = np.unique(np.linspace(0, L - 1, a.ref_cells).round().astype(int))
-        t0 = time.perf_counter()
-        yref = reference(doc, idx, U, F)
-        out[f"ref_wall_s_{L}"] = time.perf_counter() - t0
-        for label, hz in (("leaf Rodas3, rates hoisted (KPP split)", True), ("leaf Rodas3, as published", False)):
-            if hz and a.no_hoist or not hz and a.hoist_only:
-                continue
-            _, r, (u0, fz, _) = bench_leaf(doc, L, a.reps, a.rtol, out, label=label, trace=not a.no_trace,
-                                           ref=(idx, yref), hoisted=hz)
+        finals = []
+        for key in a.routes.split(","):
+            label, hz, kw = ROUTES[key]
+            kw = dict(kw)
+            with _block_bytes(kw.pop("_block_bytes", None)):
+                obj, r, (u0, fz, fin) = bench_leaf(doc, L, a.reps, a.rtol, out, label=label,
+                                                   trace=not a.no_trace and L <= a.trace_max, hoisted=hz,
+                                                   leaf_kw=kw)
+            finals.append((r, fin, np.asarray(obj.atol)))
             print(json.dumps({k: v for k, v in r.items() if k not in ("conditions",)}, default=float),
-                  file=sys.stderr)
+                  file=sys.stderr, flush=True)
+        yref, out[f"ref_wall_s_{L}"] = _cached_reference(doc, a.mech, L, idx, U, F, a.ref_cache)
+        for r, fin, atol in finals:
+            r["err_vs_bdf"] = rel_err(fin.reshape(-1, L)[:, idx], yref, atol)
+            print(f"{r['route']} @ {L}: max rel err vs BDF {r['err_vs_bdf']:.3g}", file=sys.stderr, flush=True)
+        hz = [o for o in out["routes"] if o.get("n_rate_fields") and o["cells"] == L]
+        if hz and "published" in a.routes.split(","):
+            # the split model is the published one: right-hand sides agree on fresh cells
+            Fv, Uv, _ = conditions(doc, names, 16, seed=7)
+            out["split_rhs_max_rel_diff"] = split = HoistedRates(doc, a.rtol).verify(doc, Uv, Fv)
+            print(f"split vs published RHS: max rel diff {split:.3g}", file=sys.stderr, flush=True)
+            if not split < 1e-10:
+                out.setdefault("errors", []).append({"route": "split", "error": f"RHS differs by {split:.3g}"})
         if a.cvode_cells and L == int(a.cells.split(",")[0]):
             try:
                 c = bench_cvode(doc, min(a.cvode_cells, L), a.rtol, out, ref=(idx, yref), u0=u0, fz=fz, nall=L)
