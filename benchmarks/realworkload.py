@@ -250,6 +250,7 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
     res = {"route": label, "cells": L, "species": n, "build_cpu_s": build, "cpu": [], "load": [],
            "attempts": int(st.nsteps.sum()), "accepted": int(st.naccept.sum()),
            "rejected": int(st.nreject.sum()), "njev": int(st.njev.sum()), "nfev": int(st.nfev.sum()),
+           "ndec": int(st.ndec.sum()) if hasattr(st, "ndec") else None,
            "conditions": info, "lu_slots": int(leaf._lu.nnz), "lu_flops": list(leaf._lu.flops),
            "jac_engine": leaf.jac_program.kernel.engine, "rhs_engine": leaf.rhs_program.kernel.engine,
            "block_lanes": int(leaf._scratch_for(L, 1)[0][0][1]), "precision": leaf.precision}
@@ -386,7 +387,7 @@ def bench_cvode(doc, L, rtol, out, ref=None, u0=None, fz=None, nall=None):
     stats = {k: v for k, v in cv.stats().items() if isinstance(v, (int, float))}
     res = {"route": "CVODE BDF + GMRES, block preconditioner", "cells": L, "build_cpu_s": build, "cpu_median": c,
            "load": [load], "us_per_cell_20min": c / L * 1e6, "cells_per_s": L / c, "stats": stats}
-    steps = stats.get("nsteps") or stats.get("n_steps")
+    steps = stats.get("NumSteps") or stats.get("nsteps")
     if steps:
         res["us_per_cell_step"] = c / L / steps * 1e6
         res["steps_per_cell"] = steps
@@ -407,6 +408,8 @@ ROUTES = {
     "published": ("leaf Rodas3, as published (rates in every call)", False, {}),
     "hoisted-oldblock": ("leaf Rodas3, rates hoisted, 1,024-lane blocks (before #25)", True,
                          {"_block_bytes": 1 << 40}),
+    # not in the default list (not run for RESULTS.md yet): the W-method with per-lane reuse
+    "hoisted-w": ("leaf ROS34PW2 (W-method, per-lane J/LU reuse), rates hoisted", True, {"method": "ros34pw2"}),
 }
 
 
