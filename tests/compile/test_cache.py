@@ -75,7 +75,7 @@ def case(warm, tmp_path):
 
 
 def _products(cache, suffix):
-    return sorted(p for p in cache.glob(f"b*{suffix}") if not p.name.endswith(".sha256"))
+    return sorted(p for p in cache.glob(f"b*{suffix}") if not p.name.endswith(".sig"))
 
 
 def _stem_of(cache, model_path) -> str:
@@ -199,9 +199,9 @@ def _corrupt_product_truncate(cache, path, other):
 
 def _swap(src, dst):
     shutil.copy(src, dst)
-    side = src.with_name(src.name + ".sha256")
+    side = src.with_name(src.name + ".sig")
     if side.exists():
-        shutil.copy(side, dst.with_name(dst.name + ".sha256"))
+        shutil.copy(side, dst.with_name(dst.name + ".sig"))
 
 
 def _corrupt_product_swap(cache, path, other):
@@ -263,7 +263,8 @@ def test_a_corrupt_cache_entry_is_a_miss_not_a_wrong_answer(case, how):
 
 def test_a_crafted_pickle_in_the_cache_never_runs(case, tmp_path):
     """Item 3: every build-product file replaced by a pickle that would
-    create a marker file when loaded, with matching hashes beside it."""
+    create a marker file when loaded, with SHA-256 hashes beside it (the
+    old sidecar format; a signature cannot be forged without the secret)."""
     path, _, cache = case
     marker = tmp_path / "pwned"
 
@@ -274,10 +275,10 @@ def test_a_crafted_pickle_in_the_cache_never_runs(case, tmp_path):
     payload = pickle.dumps(Boom())
     import hashlib
     for p in cache.glob("b*"):
-        if p.name.endswith(".sha256"):
+        if p.name.endswith(".sig"):
             continue
         p.write_bytes(payload)
-        side = p.with_name(p.name + ".sha256")
+        side = p.with_name(p.name + ".sig")
         if side.exists():
             side.write_text(hashlib.sha256(payload).hexdigest())
     r = _eval(path, cache)
@@ -441,3 +442,67 @@ def test_a_forged_pyc_beside_a_kernel_never_runs(case, tmp_path):
     r = _eval(path, cache)
     assert not marker.exists()
     assert np.allclose(r["J"], _hand(0.3, 2.0), rtol=1e-14, atol=0)
+
+
+def test_a_forged_product_never_changes_the_answer(case):
+    """Item 2 of #21: another document's complete product copied over this
+    document's key, its ``"key"`` rewritten and every hash beside it
+    recomputed (what anyone who can write the folder can do) is a miss: the
+    build is this document's own Jacobian (hand-derived), not the other's."""
+    import hashlib
+    path, other, cache = case
+    mine, theirs = _stem_of(cache, path), _stem_of(cache, other)
+    for suffix in (".json", ".npz"):
+        data = (cache / (theirs + suffix)).read_bytes()
+        if suffix == ".json":
+            from esmjac.runtime.programs import PROGRAM_OPTIONS, build_key
+            d = json.loads(data)
+            assert d["key"][:40] == theirs[1:]
+            d["key"] = build_key("jac", path, None, "states", PROGRAM_OPTIONS)[0]
+            data = json.dumps(d, separators=(",", ":")).encode()
+        dst = cache / (mine + suffix)
+        dst.write_bytes(data)
+        for side in (".sig", ".sha256"):
+            dst.with_name(dst.name + side).write_text(hashlib.sha256(data).hexdigest())
+    r = _eval(path, cache)
+    assert np.allclose(r["J"], _hand(0.3, 2.0), rtol=1e-14, atol=0)
+
+
+def _fresh_secret(monkeypatch, path):
+    import esmjac.compile.cache as C
+    monkeypatch.setenv("ESMJAC_SECRET_FILE", str(path))
+    monkeypatch.setattr(C, "_SECRET", [])
+    monkeypatch.setattr(C, "_WARNED", set())
+    return C
+
+
+def test_the_signing_secret_is_created_private_and_reused(tmp_path, monkeypatch):
+    C = _fresh_secret(monkeypatch, tmp_path / "cfg" / "esmjac" / "secret")
+    key = C._signing_key()
+    st = (tmp_path / "cfg" / "esmjac" / "secret").stat()
+    assert st.st_mode & 0o777 == 0o600 and len(key) == 32
+    assert (tmp_path / "cfg" / "esmjac" / "secret").read_bytes() == key
+    monkeypatch.setattr(C, "_SECRET", [])
+    assert C._signing_key() == key            # the next process reads the same secret
+
+
+@pytest.mark.parametrize("how", ["world_readable", "in_cache", "symlink", "fifo"])
+def test_an_unsafe_secret_is_not_used(tmp_path, monkeypatch, how):
+    secret = tmp_path / "secret"
+    if how == "in_cache":
+        monkeypatch.setenv("ESMJAC_CACHE_DIR", str(tmp_path))
+        secret.write_bytes(b"k" * 32)
+        secret.chmod(0o600)
+    elif how == "world_readable":
+        secret.write_bytes(b"k" * 32)
+        secret.chmod(0o644)
+    elif how == "symlink":
+        (tmp_path / "real").write_bytes(b"k" * 32)
+        (tmp_path / "real").chmod(0o600)
+        secret.symlink_to(tmp_path / "real")
+    else:
+        os.mkfifo(secret, 0o600)
+    C = _fresh_secret(monkeypatch, secret)
+    with pytest.warns(RuntimeWarning, match="cannot use its signing secret"):
+        key = C._signing_key()
+    assert key != b"k" * 32 and len(key) == 32

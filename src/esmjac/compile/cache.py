@@ -3,22 +3,36 @@ each verified on every read.
 
 Nothing read back from the cache folder is trusted:
 
+* **Signatures**: every file esmjac writes to the cache (kernel modules,
+  product JSON and arrays) has ``<name>.sig`` beside it, an HMAC-SHA256 of
+  its name and bytes keyed by a per-user secret (:func:`_signing_key`:
+  ``$XDG_CONFIG_HOME/esmjac/secret`` or ``~/.config/esmjac/secret``, 32
+  random bytes created ``0600`` on first use, outside the cache folder;
+  ``$ESMJAC_SECRET_FILE`` overrides the path). A file whose signature does
+  not verify — damaged, or written by anyone without the secret, even with
+  a self-consistent key and hashes — is a logged cache miss, removed and
+  rebuilt: a forged entry can never change an answer. A secret that is not
+  a private regular file of this user is not used (a warning; a key for the
+  process only, so nothing is reused across processes). Cache files are
+  read only if they are regular files (no links followed) within the
+  memory limit.
 * **Kernel modules** ``k<hash>.py``: the key is the content hash of the
   generated source, which the caller always holds in memory; the file on
-  disk is compared with it byte for byte, and rewritten when it differs (a
-  logged cache miss). The module is then executed from the in-memory
-  source (compiled here), never imported from the file: a forged
-  ``__pycache__/k….pyc`` beside it is never read. A module is registered in
+  disk is compared with it byte for byte (and its signature checked), and
+  rewritten when either fails (a logged cache miss; Numba's files of it
+  purged). The module is then executed from the in-memory source (compiled
+  here), never imported from the file: a forged ``__pycache__/k….pyc``
+  beside it is never read. A module is registered in
   ``sys.modules`` only once ``exec_module`` has finished, under a lock, so
   concurrent first calls and builds never see a half-executed module.
 * **Build products** ``b<key>.json`` + ``b<key>.npz``: plain JSON and a
   NumPy archive read with ``allow_pickle=False`` — a data format that cannot
   execute code, so a cache folder shared between users or jobs cannot run
   anything. Only whitelisted dataclasses, expression nodes, containers,
-  numbers and non-object arrays decode. Every file has its SHA-256 beside it
-  (``*.sha256``) and the JSON names its own key, so a truncated, edited or
-  copied-over entry is a logged cache miss followed by a rebuild, never an
-  error that persists. Generated source is never stored in a product: the
+  numbers and non-object arrays decode. Every file is signed (above) and
+  the JSON names its own key and the SHA-256 of its arrays, so a truncated,
+  edited, forged or copied-over entry is a logged cache miss followed by a
+  rebuild, never an error that persists. Generated source is never stored in a product: the
   caller regenerates it (cheap) from the decoded evaluation document.
 * **Keys are what the content depends on.** A product's key
   (:func:`document_key`) covers every file a document pulls in (``ref``
@@ -30,12 +44,21 @@ Nothing read back from the cache folder is trusted:
   few modules it runs with (:data:`KERNEL_CODE`): an edit of the CLI, an
   adapter or a docstring in the calculus recompiles no kernel.
 
-What stays trusted: Numba's own cache files (``cache=True`` writes pickled
-index files beside each kernel module). They are read only from a cache
-folder owned by the current user and not writable by group or others; any
-other folder gets its kernels compiled in a private temporary folder for the
-process (a warning says so). A corrupt Numba index is caught at the first
-call (:func:`numba_cache_failure`), purged and recompiled.
+What stays trusted, and why that is safe: Numba's own cache files
+(``cache=True`` writes a pickled index ``.nbi`` and compiled code ``.nbc``
+per function into ``__pycache__`` beside each kernel module, or under
+``$NUMBA_CACHE_DIR``). Numba unpickles them and runs the machine code they
+hold, so they can run anything; esmjac does not sign them (Numba reads them
+itself). They are read only from a kernel folder owned by the current user
+and writable by no one else (folder and its ``__pycache__``): whoever can
+write there is already this user and could run code as this user anyway.
+Any other folder gets its kernels compiled in a private temporary folder for
+the process (a warning says so); a ``$NUMBA_CACHE_DIR`` writable by others
+gets a warning (esmjac cannot move Numba's cache once Numba is imported).
+Numba checks an index against the kernel module's modification time and
+size, and a rewritten (re-signed) module purges its entries. A corrupt Numba
+index is caught at the first call (:func:`numba_cache_failure`), purged and
+recompiled.
 
 Environment failures (the path is a file, no permission, the folder deleted
 during a build) are :class:`~esmjac.errors.JacError` ``cache_error`` naming
@@ -48,6 +71,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
+import hmac
 import io
 import json
 import logging
@@ -69,6 +93,7 @@ import numpy as np
 from .._frozen import FrozenMap
 from .._version import __version__
 from ..errors import JacError
+from ..limits import document_limit, workspace_limit
 from ..model.deep import run_deep
 from ..model.expr import Node, _FDict, iter_children, node
 
@@ -84,7 +109,7 @@ _CODE: list = []              # (files, hash) of _code_hash, memoized
 _LOADED: dict = {}            # (cache folder, module name) → fully executed module
 _PRIVATE: list = []           # this process's private fallback folder (created lazily)
 _WARNED: set = set()
-PRODUCT_FORMAT = 2             # 2: programs stored as tapes/arrays apart from their expressions
+PRODUCT_FORMAT = 3             # 2: programs stored as tapes/arrays apart from their expressions; 3: signed
 
 
 # ------------------------------------------------------------------ folders
@@ -153,11 +178,23 @@ def _owned_privately(p: Path) -> bool:
     return not (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
+def _check_numba_cache_dir() -> None:
+    d = os.environ.get("NUMBA_CACHE_DIR")
+    if d and Path(d).exists() and not _owned_privately(Path(d)):
+        _warn_once(f"numba:{d}", f"NUMBA_CACHE_DIR={d} is writable by other users (or not yours): "
+                   "Numba's cache files there are pickles it loads and runs; point it at a private "
+                   "folder")
+
+
 def kernel_dir() -> Path:
     """Where kernel modules (and so Numba's pickled cache files) live: the
     cache folder when only this user can write to it, else a private one."""
     p = cache_dir()
-    if p in _PRIVATE or _owned_privately(p):
+    _check_numba_cache_dir()
+    pyc = p / "__pycache__"
+    if p in _PRIVATE or (_owned_privately(p) and (not os.path.lexists(pyc) or
+                                                 (pyc.is_dir() and not pyc.is_symlink()
+                                                  and _owned_privately(pyc)))):
         return p
     _warn_once(f"shared:{p}", f"the esmjac cache folder {p} is writable by other users (or not yours); "
                "its build products are used (they are verified data), but kernels are compiled in a "
@@ -296,19 +333,22 @@ def dependency_files(doc: Any, base: Path) -> list | None:
             if "://" in ref:
                 return None
             p = Path(os.path.normpath(os.path.join(str(b), ref)))
-            key = str(p.resolve()) if p.exists() else str(p)
-            if key in seen:
-                continue
             try:
-                data = p.read_bytes() if p.is_file() else None
+                key = str(p.resolve()) if p.exists() else str(p)
+            except (OSError, RuntimeError):
+                key = str(p)
+            if key in seen:
+                continue            # each file once: a cycle of refs ends here
+            try:
+                data = _read_file(p, document_limit())
             except OSError:
-                data = None
+                data = None         # missing, not a regular file or too large: the load refuses it
             seen[key] = _sha(data) if data is not None else "missing"
             if data is not None:
                 try:
                     todo.append((json.loads(data), p.parent))
-                except ValueError:
-                    pass            # not JSON: hashed, nothing further to follow
+                except (ValueError, RecursionError):
+                    pass            # not JSON (or too deep): hashed, nothing further to follow
     return sorted(seen.items())
 
 
@@ -318,10 +358,10 @@ def _document(source: Any) -> tuple[bytes, Any, Path] | None:
     if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
         p = Path(source)
         try:
-            data = p.read_bytes()
-        except OSError:
-            return None
-        base = p.resolve().parent
+            data = _read_file(p, document_limit())
+            base = p.resolve().parent
+        except (OSError, RuntimeError, ValueError):
+            return None             # not keyed: the load says why (missing, a device, too large)
     elif isinstance(source, str):
         data, base = source.encode(), Path.cwd()
     elif isinstance(source, dict):
@@ -334,8 +374,8 @@ def _document(source: Any) -> tuple[bytes, Any, Path] | None:
         return None
     try:
         tree = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        tree = None                 # not JSON: the build will say why; no refs to follow
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        tree = None                 # not JSON (or too deep): the build will say why; no refs to follow
     return data, tree, base
 
 
@@ -405,6 +445,108 @@ def grid_free_key(source: Any, *extra: str) -> tuple | None:
     return None if k is None else (k[0], k[1], str(name), size)
 
 
+# ------------------------------------------------------------------ signatures
+
+_SECRET: list = []            # this process's signing key (read or created once)
+_SIG = ".sig"
+
+
+def _secret_path() -> Path:
+    """Where the per-user signing secret lives: ``$ESMJAC_SECRET_FILE`` (for
+    tests), else ``$XDG_CONFIG_HOME/esmjac/secret``, else
+    ``~/.config/esmjac/secret`` — outside any cache folder."""
+    env = os.environ.get("ESMJAC_SECRET_FILE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".config") / "esmjac" / "secret"
+
+
+def _read_secret(path: Path) -> bytes | None:
+    """The secret in ``path`` if it is a regular file of this user that no
+    one else can read or write, else None (``FileNotFoundError`` when absent)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()) \
+                or st.st_mode & 0o077 or not 32 <= st.st_size <= 4096:
+            return None
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    return data if len(data) >= 32 else None
+
+
+def _create_secret(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.write(fd, os.urandom(32))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _within(p: Path, folder: Path) -> bool:
+    try:
+        p.resolve().relative_to(folder.resolve())
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def _signing_key() -> bytes:
+    """This user's secret (created ``0600`` on first use), or — when it
+    cannot be read or created safely, or lies inside the cache folder — a
+    random key for this process only (a warning says so): then nothing
+    another process wrote verifies, and every entry is rebuilt."""
+    if _SECRET:
+        return _SECRET[0]
+    with _LOCK:
+        if _SECRET:
+            return _SECRET[0]
+        path = _secret_path()
+        key, why = None, ""
+        if _within(path, _configured()):
+            why = "it lies inside the cache folder"
+        else:
+            for attempt in range(3):
+                try:
+                    key = _read_secret(path)
+                    if key is None and attempt < 2:
+                        time.sleep(0.1)     # another process may be between creating and writing it
+                        continue
+                    if key is None:
+                        why = "it is not a private file of this user of 32+ bytes (want mode 0600)"
+                    break
+                except FileNotFoundError:
+                    try:
+                        _create_secret(path)
+                    except FileExistsError:
+                        continue            # another process created it: read that one
+                    except OSError as exc:
+                        why = f"it cannot be created ({exc.strerror or exc})"
+                        break
+                except OSError as exc:
+                    why = f"it cannot be read ({exc.strerror or exc})"
+                    break
+        if key is None:
+            _warn_once(f"secret:{path}", f"esmjac cannot use its signing secret {path}: {why}; cached "
+                       "builds are verified with a key of this process only, so nothing cached by "
+                       "another process is reused. Remove or fix that file (or set "
+                       "ESMJAC_SECRET_FILE) to reuse builds.")
+            key = os.urandom(32)
+        _SECRET.append(key)
+        return key
+
+
+def _sign(name: str, data: bytes) -> str:
+    """HMAC-SHA256 of a cache file's name and bytes under this user's key:
+    only someone holding the secret can produce it, and an entry signed
+    for one name does not verify under another."""
+    return hmac.new(_signing_key(), name.encode() + b"\0" + data, hashlib.sha256).hexdigest()
+
+
 # ------------------------------------------------------------------ files
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -421,32 +563,53 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def _read_file(path: Path, limit: int | None = None) -> bytes:
+    """The bytes of ``path`` if it is a regular file (no link followed: a
+    cache entry pointing at ``/dev/zero`` or a FIFO is refused) of at most
+    ``limit`` bytes (default: the memory limit), else ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        cap = workspace_limit() if limit is None else limit
+        if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+            raise OSError(f"not a regular file of at most {cap} bytes")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(cap + 1)
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise OSError(f"larger than {cap} bytes")
+    return data
+
+
 def _write_verified(path: Path, data: bytes) -> None:
-    """``path`` and its ``.sha256`` beside it (hash written last)."""
+    """``path`` and its signature ``.sig`` beside it (written last)."""
     _write_atomic(path, data)
-    _write_atomic(path.with_name(path.name + ".sha256"), _sha(data).encode())
+    _write_atomic(path.with_name(path.name + _SIG), _sign(path.name, data).encode())
 
 
 def _read_verified(path: Path) -> bytes | None:
-    """The bytes of ``path`` if its stored hash matches, else None (and the
-    entry is removed: a corrupt file is a cache miss, never a lasting error)."""
-    side = path.with_name(path.name + ".sha256")
+    """The bytes of ``path`` if its signature verifies, else None (and the
+    entry is removed: a damaged or forged file is a logged cache miss and a
+    rebuild, never a lasting error and never used)."""
+    side = path.with_name(path.name + _SIG)
     try:
-        data = path.read_bytes()
-        want = side.read_text().strip()
+        data = _read_file(path)
+        want = _read_file(side, 1024).strip()
     except FileNotFoundError:
         return None
     except OSError as exc:
         log.warning("esmjac cache: cannot read %s (%s); rebuilding", path, exc)
         return None
-    if _sha(data) != want:
-        time.sleep(0.05)            # a concurrent writer may be between the file and its hash
+    if not hmac.compare_digest(_sign(path.name, data).encode(), want):
+        time.sleep(0.05)            # a concurrent writer may be between the file and its signature
         try:
-            data, want = path.read_bytes(), side.read_text().strip()
+            data, want = _read_file(path), _read_file(side, 1024).strip()
         except OSError:
             return None
-    if _sha(data) != want:
-        log.warning("esmjac cache: %s does not match its stored hash; discarding it and rebuilding", path)
+    if not hmac.compare_digest(_sign(path.name, data).encode(), want):
+        log.warning("esmjac cache: %s does not carry this user's signature (damaged, or written by "
+                    "someone else); discarding it and rebuilding", path)
         _remove(path, side)
         return None
     return data
@@ -506,12 +669,13 @@ def _kernel_file(source: str, key: str) -> Path:
         d = kernel_dir() if attempt == 0 else _private_dir()
         path = d / f"k{key[:40]}.py"
         try:
-            if path.exists():
-                if path.read_bytes() == data:
+            if path.exists() or path.is_symlink():
+                if _read_verified(path) == data:
                     return path
-                log.warning("esmjac cache: %s differs from the generated source; rewriting it", path)
+                log.warning("esmjac cache: %s differs from the generated source or is not signed by "
+                            "this user; rewriting it", path)
                 purge_numba_cache(path)
-            _write_atomic(path, data)
+            _write_verified(path, data)
             return path
         except OSError as exc:
             if attempt:
@@ -770,7 +934,7 @@ def _discard(key: str) -> None:
     stem = cache_dir() / f"b{key[:40]}"
     with _LOCK:
         for p in (stem.with_suffix(".json"), stem.with_suffix(".npz")):
-            _remove(p, p.with_name(p.name + ".sha256"))
+            _remove(p, p.with_name(p.name + _SIG))
 
 
 def _read_entry(key: str, check_deps: bool) -> tuple[dict, bytes] | None:
@@ -787,8 +951,10 @@ def _read_entry(key: str, check_deps: bool) -> tuple[dict, bytes] | None:
             raise _Corrupt("written for another key or format")
         if check_deps:
             for p, h in doc.get("deps", []):
-                cur = Path(p)
-                now = _sha(cur.read_bytes()) if cur.is_file() else "missing"
+                try:
+                    now = _sha(_read_file(Path(p), document_limit()))
+                except OSError:
+                    now = "missing"
                 if now != h:
                     log.info("esmjac cache: %s changed since %s was stored; rebuilding", p, jpath.name)
                     return None

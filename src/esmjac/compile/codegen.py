@@ -272,7 +272,11 @@ class _Printer:
             base, ex = args
             eop, eargs = self.blk.ins[ex]
             if eop == "const" and float(eargs[0]).is_integer() and abs(eargs[0]) <= 8:
-                return f"{r(base)} ** {int(eargs[0])}"
+                k = int(eargs[0])
+                # Numba raises ZeroDivisionError for 0.0 ** -k (whatever the
+                # error model); 1/x**k is the same value bit for bit (Numba
+                # inverts the positive power) and inf at 0, as x ** -1.5 is.
+                return f"{r(base)} ** {k}" if k >= 0 else f"1.0 / {r(base)} ** {-k}"
             return f"{r(base)} ** {r(ex)}"
         if op == "select":
             c, a, b = args

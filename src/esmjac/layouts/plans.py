@@ -23,6 +23,7 @@ import numpy as np
 from .._frozen import FrozenMap, frozen_arrays
 from ..compile.ssa import const_table
 from ..errors import JacError
+from ..limits import lane_count
 from ..linalg.factorization import block_order
 from ..model.expr import Node, is_lit
 from ..model.layout import strides
@@ -258,9 +259,11 @@ class ScatterPlan:
 
     def capacity(self, lanes: int) -> int:
         """Stored lanes at ``lanes`` workspace lanes (padded to a multiple of the tile)."""
+        lanes = lane_count(lanes)
         return tile_capacity(self.info.get("tile"), lanes) if self.tiled else lanes
 
     def out_size(self, lanes: int) -> int:
+        lane_count(lanes)
         if self.kind == "lane":
             return int(self.info["slots_per_lane"]) * self.capacity(lanes)
         return int(self.info["size"])

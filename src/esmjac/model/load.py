@@ -75,14 +75,198 @@ class SystemView:
         return v.shape if v is not None else ()
 
 
+#: Bytes of model data per index-set element assumed when bounding a
+#: document before it is loaded (earthsci-ast holds per-element Python
+#: objects; esmjac a few float64 vectors).
+_BYTES_PER_ELEMENT = 64
+
+
+def _json_depth_text(data: bytes) -> int:
+    """Deepest ``[``/``{`` nesting of JSON text, counted without recursion
+    (strings removed first)."""
+    import re
+
+    import numpy as np
+
+    text = re.sub(rb'"(?:[^"\\]|\\.)*"', b"", data)
+    b = np.frombuffer(text, np.uint8)
+    step = (np.isin(b, (0x5B, 0x7B)).astype(np.int64) - np.isin(b, (0x5D, 0x7D)).astype(np.int64))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def _json_depth_tree(obj: Any) -> int:
+    best, stack = 0, [(obj, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, dict):
+            best = max(best, d)
+            stack.extend((v, d + 1) for v in x.values())
+        elif isinstance(x, (list, tuple)):
+            best = max(best, d)
+            stack.extend((v, d + 1) for v in x)
+    return best
+
+
+def _read_document(path: Path, what: str) -> bytes:
+    """The bytes of a document file: a regular file (a device, FIFO or
+    folder is refused before anything is read) within the document limit."""
+    import os
+    import stat
+
+    from ..limits import document_limit
+
+    cap = document_limit()
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise JacError("load_error", f"no such file: {what}") from None
+    except OSError as exc:
+        raise JacError("load_error", f"cannot open {what}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise JacError("load_error", f"{what} is not a regular file (a device, FIFO or folder); "
+                           "esmjac reads documents from regular files only")
+        if st.st_size > cap:
+            raise JacError("load_error", f"{what} has {st.st_size:,} bytes, over the document limit of "
+                           f"{cap:,} bytes (ESMJAC_DOCUMENT_LIMIT)")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(cap + 1)
+    except OSError as exc:
+        raise JacError("load_error", f"cannot read {what}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise JacError("load_error", f"{what} grew past the document limit of {cap:,} bytes while read")
+    return data
+
+
+def _check_text(data: bytes, what: str) -> Any:
+    """The parsed JSON of ``data`` after its depth is checked, or None (not
+    JSON: earthsci-ast says why)."""
+    import json
+
+    from ..limits import document_depth_limit
+
+    lim = document_depth_limit()
+    depth = _json_depth_text(data)
+    if depth > lim:
+        raise JacError("invalid_document", f"{what} nests {depth:,} levels deep, over the limit of {lim:,} "
+                       "(ESMJAC_MAX_DEPTH)")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _check_tree(tree: Any, what: str) -> None:
+    """Index-set sizes of one document file, bounded before earthsci-ast
+    builds anything for them."""
+    from ..limits import workspace_limit
+    from .validate import MAX_SIZE
+
+    sets = tree.get("index_sets") if isinstance(tree, dict) else None
+    if not isinstance(sets, dict):
+        return
+    for name, spec in sets.items():
+        size = spec.get("size") if isinstance(spec, dict) else None
+        if isinstance(size, bool) or not isinstance(size, (int, float)):
+            continue            # not a number: the schema refuses it
+        if not (size == size and abs(size) <= MAX_SIZE):
+            raise JacError("invalid_document", f"index set `{name}` of {what} has size {size!r}; sizes must "
+                           f"be between 1 and {MAX_SIZE}")
+        need = int(size) * _BYTES_PER_ELEMENT
+        if need > workspace_limit():
+            raise JacError("invalid_document", f"index set `{name}` of {what} has {int(size):,} elements: "
+                           f"loading it needs about {need:,} bytes, over the memory limit of "
+                           f"{workspace_limit():,} bytes (ESMJAC_WORKSPACE_LIMIT)")
+
+
+def _refs_of(tree: Any) -> list:
+    out, stack = [], [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            r = x.get("ref")
+            if isinstance(r, str):
+                out.append(r)
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return out
+
+
+def preflight(source: Any) -> None:
+    """Bound a document before earthsci-ast reads it (docs/DESIGN §13): the
+    file is a regular file within the document limit, its nesting within
+    the depth limit, its index sets within the memory limit, and so is every
+    file it pulls in through ``ref`` — local files only (a URL is refused
+    unless ``$ESMJAC_ALLOW_URL_REFS=1``), a cycle of refs refused."""
+    import os
+
+    from earthsci_ast.json_walk import expand_ref_env
+
+    from ..limits import document_depth_limit
+
+    if isinstance(source, dict):
+        lim = document_depth_limit()
+        if _json_depth_tree(source) > lim:
+            raise JacError("invalid_document", f"the document nests deeper than the limit of {lim:,} levels "
+                           "(ESMJAC_MAX_DEPTH)")
+        root, base, name = source, Path.cwd(), "the document"
+    elif isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+        p = Path(source)
+        root = _check_text(_read_document(p, str(source)), str(source))
+        base, name = p.absolute().parent, str(p.absolute())
+    elif isinstance(source, str):
+        try:
+            data = source.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise JacError("load_error", f"the document text is not valid Unicode ({exc.reason} at "
+                           f"position {exc.start})") from None
+        root, base, name = _check_text(data, "the document"), Path.cwd(), "the document"
+    else:
+        return
+    allow_urls = os.environ.get("ESMJAC_ALLOW_URL_REFS") == "1"
+    # Depth-first over refs, with the chain of files that led to each one.
+    todo = [(root, base, (name,))]
+    done: set = set()
+    while todo:
+        tree, b, chain = todo.pop()
+        _check_tree(tree, chain[-1])
+        for ref in _refs_of(tree):
+            r = expand_ref_env(ref)
+            if "://" in r:
+                if allow_urls:
+                    continue
+                raise JacError("load_error", f"`ref` {ref!r} in {chain[-1]} is a URL; esmjac reads local "
+                               "files only (set ESMJAC_ALLOW_URL_REFS=1 to allow URL refs)")
+            p = Path(os.path.normpath(os.path.join(str(b), r)))
+            if not p.exists() and not p.is_symlink():
+                continue            # earthsci-ast reports the missing file in its own words
+            key = str(p.resolve())
+            if key in chain:
+                raise JacError("invalid_document", "the documents' refs form a cycle: "
+                               + " -> ".join(list(chain[chain.index(key):]) + [key]))
+            if (key, chain[-1]) in done:
+                continue
+            done.add((key, chain[-1]))
+            if len(done) > 10_000:
+                raise JacError("invalid_document", "the document pulls in more than 10,000 files through refs")
+            sub = _check_text(_read_document(p, f"`ref` {ref!r} ({p})"), str(p))
+            todo.append((sub, p.parent, chain + (key,)))
+
+
 def load_file(source: Any):
     """``source`` (path, JSON text, dict, EsmFile or FlattenedSystem) as an
-    earthsci-ast object. Errors become ``JacError("load_error")``."""
+    earthsci-ast object, after :func:`preflight`. Errors become
+    ``JacError("load_error")`` (or ``invalid_document``)."""
     import earthsci_ast as ea
     from earthsci_ast.flatten import FlattenedSystem
 
     if isinstance(source, (ea.EsmFile, FlattenedSystem)):
         return source
+    preflight(source)
     try:
         with warnings.catch_warnings():
             # The pre-1.1.0 `aggregate` spelling is accepted on purpose.

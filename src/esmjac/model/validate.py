@@ -7,7 +7,9 @@ set, variable or equation (its state, or its position in the document):
 
 * index-set sizes that are not positive integers up to :data:`MAX_SIZE`
   (−1, 0, 10³⁰ …), and state vectors too large to allocate;
-* empty variable names;
+* empty variable names, and names that are not valid Unicode (lone
+  surrogates);
+* non-finite numeric defaults (``1e999`` parses as inf; NaN);
 * two derivative equations for one state over the same elements (they
   would be summed silently);
 * literal indices out of their dimension's range (``A[99]`` on a size-4 set
@@ -64,6 +66,7 @@ def validate_view(view) -> None:
     """Refuse a malformed model (see module docstring)."""
     _index_sets(view)
     _names(view)
+    _defaults(view)
     _duplicates(view)
     _undefined(view)
     shapes = {n: v.shape for n, v in view.variables.items()}
@@ -100,6 +103,27 @@ def _names(view) -> None:
     for name in view.variables:
         if not isinstance(name, str) or not name.strip():
             raise _refuse(f"a variable has an empty name ({name!r})")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _refuse(f"the variable name {ascii(name)} is not valid Unicode (a lone surrogate); "
+                          "a name must be encodable as UTF-8") from None
+
+
+def _defaults(view) -> None:
+    """A numeric default (scalar or nested list) must be finite, like a
+    literal: ``1e999`` parses as inf, which no evaluation can use."""
+    for name, v in view.variables.items():
+        stack = [v.default]
+        while stack:
+            d = stack.pop()
+            if isinstance(d, bool):
+                continue
+            if isinstance(d, float) and not math.isfinite(d):
+                raise _refuse(f"variable `{name}` has a non-finite default ({d!r}); defaults must be "
+                              "finite numbers")
+            if isinstance(d, (list, tuple)):
+                stack.extend(d)
 
 
 def _eq_name(view, k: int, lhs) -> str:

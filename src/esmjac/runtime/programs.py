@@ -33,6 +33,7 @@ from ..calculus.bands import Band
 from ..compile.engine import ENGINE_OPTIONS, FusedTape, Kernel, compile_doc, fused_tape
 from ..compile.evaldoc import EvalDoc, Field, jacobian_doc, rhs_doc
 from ..errors import JacError, typed_errors
+from ..limits import lane_count
 from ..layouts.plans import ScatterPlan, build_plan, field_meta
 from ..model.deep import run_deep
 from ..model.layout import ElementNames, ModelLayout, default_vectors, model_layout
@@ -129,11 +130,13 @@ class _Base:
         return spread(u0, len(self.layout.states)), p0, spread(f0, len(self.layout.forcing))
 
     def u_size(self, lanes: int) -> int:
+        lanes = lane_count(lanes)
         if self.kind == "cell":
             return len(self.layout.states) * lanes
         return self.layout.n_state_elements
 
     def f_size(self, lanes: int) -> int:
+        lanes = lane_count(lanes)
         if self.kind == "cell":
             return len(self.layout.forcing) * lanes
         return self.layout.n_forcing_elements
