@@ -22,6 +22,17 @@ consecutive rejections, whose iteration matrix stays singular or whose
 values turn non-finite stops at its last accepted state with its status
 set; every other lane carries on untouched.
 
+A singularity is never crossed silently (:func:`_guard`, before a step is
+accepted): a linearly implicit step stays finite across a pole, so ``u' =
+u²`` from ``u = 1`` would step over ``t = 1`` onto the negative branch with
+a small error estimate. A step that passes the error test is refused, and
+its lane failed at its last accepted state, when a species changes sign
+although its derivative at the step's start pointed away from zero (it
+went through infinity: status 6), grows past ``max_abs`` (status 7), or —
+with ``nonnegative`` and without ``clip_negative`` — turns negative
+(status 8). (CVODE on the same problem shrinks its step towards the pole
+until its error test fails repeatedly: a failure, not a wrong branch.)
+
 ``step="shared"`` runs the same engine with the error norm maximised over
 the active lanes, which keeps all lanes in lock-step (for comparison).
 
@@ -57,6 +68,10 @@ STATUS = {
     3: "too many consecutive rejections (max_rejects)",
     4: "non-finite values (NaN/inf in f, J or the stages)",
     5: "iteration matrix I/(hγ) − J singular",
+    6: "crossed a pole: a species changed sign while its derivative drove it away from zero "
+       "(1/u changed sign through infinity; the solution blows up in this step)",
+    7: "a species grew past max_abs",
+    8: "a non-negative species turned negative (nonnegative=True without clip_negative)",
 }
 RUNNING = -1
 
@@ -359,6 +374,42 @@ def _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl,
 
 
 @numba.njit(**_JIT)
+def _guard(Y, Ynew, F0, n, m, err, bad, done, max_abs, nonneg, atol, idx, st_status, st_h, st_t, t, hs):
+    """Fail (status 6/7/8, see the module docstring) every lane whose step
+    would be accepted (``err <= 1``, factorization regular) but crosses a
+    singularity; returns how many. The lane keeps its last accepted state.
+    A sign change counts as a pole crossing only when the new value is
+    above the species' ``atol`` (a round-off overshoot to a tiny negative
+    concentration is not one)."""
+    nfail = 0
+    for l in range(m):
+        if done[l] != 0 or bad[l] >= 0 or not err[l] <= 1.0:
+            continue
+        code = 0
+        for s in range(n):
+            y = Y[s * m + l]
+            yn = Ynew[s * m + l]
+            if ((y > 0.0 and yn < 0.0 and F0[s * m + l] > 0.0) or (y < 0.0 and yn > 0.0 and F0[s * m + l] < 0.0)) \
+                    and abs(yn) > atol[s]:
+                code = 6
+                break
+            if abs(yn) > max_abs:
+                code = 7
+                break
+            if nonneg and yn < 0.0:
+                code = 8
+                break
+        if code != 0:
+            g = idx[l]
+            st_status[g] = code
+            st_h[g] = hs[l]
+            st_t[g] = t[l]
+            done[l] = 1
+            nfail += 1
+    return nfail
+
+
+@numba.njit(**_JIT)
 def _retire(Y, n, m, done, idx, out, L):
     """Write the done lanes' states to ``out[s*L + lane]``; compact the rest of
     Y (stride m → m_new, stable order). Returns m_new."""
@@ -645,6 +696,9 @@ class LaneStepper:
                 self._next.append((*self.m_nz, self.Ynew, False))
         self.nf_stage = sum(1 for i in range(S) if tab.newf[i])
         self.fops, self.sops = lu.factor_ops(), lu.solve_ops()
+        #: Singularity guards (:func:`_guard`): |u| bound, and whether a
+        #: negative value fails the lane (the leaf sets both).
+        self.max_abs, self.nonnegative = math.inf, False
 
     # -- forcing ------------------------------------------------------------
     def _forcing_at(self, fcall, times, m):
@@ -779,6 +833,8 @@ class LaneStepper:
             _err_lanes(Y, Ynew, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, m, self.err, self.eb)
             if self.shared:
                 _shared_max(self.err, m)
+            nguard = _guard(Y, Ynew, F0, n, m, self.err, self.bad, self.done, float(self.max_abs),
+                            bool(self.nonnegative and not clip), atol, idx, st.status, st.h, st.t, t, hs)
             if record is not None:
                 acc = np.flatnonzero((self.bad[:m] < 0) & (self.err[:m] <= 1.0) & (self.done[:m] == 0))
                 if acc.size:
@@ -794,6 +850,7 @@ class LaneStepper:
                              st.h, st.t, self.acc)
             if reuse is not None:
                 _aged(self.acc, self.newj, m, self.jage)
+            ndone += nguard
             if ndone == 0:
                 continue
             if not self.compact:

@@ -221,7 +221,8 @@ class RosenbrockLeaf:
 
     def __init__(self, rhs, jac, plan, p, forcing, *, method, rtol, atol, step, threads,
                  compact, clip_negative, max_steps, max_rejects, h0, time_field=None,
-                 reuse=None, max_jac_age=MAX_JAC_AGE, hold=HOLD):
+                 reuse=None, max_jac_age=MAX_JAC_AGE, hold=HOLD,
+                 max_abs: float = math.inf, nonnegative: bool = False):
         self.rhs_program, self.jac_program, self.plan = rhs, jac, plan
         self.n_species = rhs.n_species
         self.species = tuple(rhs.layout.states)
@@ -252,6 +253,15 @@ class RosenbrockLeaf:
         self.threads = threads
         self.compact = bool(compact)
         self.clip_negative = bool(clip_negative)
+        try:
+            self.max_abs = float(max_abs)
+        except (TypeError, ValueError):
+            raise JacError("bad_option", f"max_abs must be a positive number, got {max_abs!r}") from None
+        if not self.max_abs > 0:
+            raise JacError("bad_option", f"max_abs must be a positive number, got {max_abs!r}")
+        if not isinstance(nonnegative, (bool, np.bool_)):
+            raise JacError("bad_option", f"nonnegative must be True or False, got {nonnegative!r}")
+        self.nonnegative = bool(nonnegative)
         self.max_steps = _pos_int("max_steps", max_steps)
         self.max_rejects = _pos_int("max_rejects", max_rejects)
         self.h0 = None if h0 is None else self._h0(h0)
@@ -564,8 +574,9 @@ class RosenbrockLeaf:
             dt = float(dt)
         except (TypeError, ValueError):
             raise JacError("bad_argument", f"t0 and dt must be numbers, got {t0!r}, {dt!r}") from None
-        if not (math.isfinite(t0) and math.isfinite(dt)) or dt < 0:
-            raise JacError("bad_argument", f"t0 must be finite and dt finite and >= 0, got {t0}, {dt}")
+        if not (math.isfinite(t0) and math.isfinite(dt)) or dt <= 0:
+            raise JacError("bad_argument", f"t0 must be finite and dt finite and > 0 (an advance over no "
+                           f"time, or backwards, is not a step), got t0={t0}, dt={dt}")
         if not np.all(np.isfinite(u)):
             raise JacError("bad_argument", "u has non-finite values")
         h0 = self.h0 if h0 is None else self._h0(h0)
@@ -584,6 +595,8 @@ class RosenbrockLeaf:
                                    "field; the recorded steps assume forcing constant over the step)")
                 fz, fcall = None, self._with_time(fz, fcall, L)
             stats._reset()
+            for st in steppers:                 # the singularity guards (lanestep._guard)
+                st.max_abs, st.nonnegative = self.max_abs, self.nonnegative
             tend = t0 + dt
             args = (u, out, L)
             rest = (t0, tend, h0, fz, fcall, cix, self.atol, self.rtol, self.max_steps,
@@ -724,7 +737,8 @@ class RosenbrockLeaf:
                                threads=self.threads, compact=self.compact,
                                clip_negative=self.clip_negative, max_steps=self.max_steps,
                                max_rejects=self.max_rejects, h0=self.h0, time_field=self.time_field,
-                               reuse=self.reuse, max_jac_age=self.max_jac_age, hold=self.hold)
+                               reuse=self.reuse, max_jac_age=self.max_jac_age, hold=self.hold,
+                               max_abs=self.max_abs, nonnegative=self.nonnegative)
         other.source, other.model, other.options = self.source, self.model, self.options
         return other
 
@@ -851,6 +865,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                h0=None, tile: int | None = DEFAULT_TILE, options: dict | None = None,
                reuse: bool | None = None, max_jac_age: int = MAX_JAC_AGE,
                hold: tuple = HOLD, precision: str = "double", per_cell=None,
+               max_abs: float = math.inf, nonnegative: bool = False,
                **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
@@ -936,6 +951,15 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         accuracy); bits are still those of the lane alone, for any thread
         count or block.
 
+    max_abs : float
+        A lane whose species grows past it fails (status 7; default: no
+        bound). A lane never crosses a singularity silently: a step across
+        a pole (a species changing sign while its derivative drove it away
+        from zero) fails the lane (status 6; lanestep's module docstring).
+    nonnegative : bool
+        With ``True`` and without ``clip_negative``, a lane whose species
+        turns negative fails (status 8); ``clip_negative`` clips instead.
+
     Returns
     -------
     RosenbrockLeaf
@@ -976,7 +1000,8 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     leaf = RosenbrockLeaf(rhs, jac, plan, p, forcing, method=method, rtol=rtol, atol=atol, step=step,
                           threads=threads, compact=compact, clip_negative=clip_negative,
                           max_steps=max_steps, max_rejects=max_rejects, h0=h0, time_field=time_field,
-                          reuse=reuse, max_jac_age=max_jac_age, hold=hold)
+                          reuse=reuse, max_jac_age=max_jac_age, hold=hold,
+                          max_abs=max_abs, nonnegative=nonnegative)
     leaf.precision = precision
     leaf.source, leaf.model, leaf.options = source, model, options
     return leaf
