@@ -444,14 +444,17 @@ def test_a_forged_pyc_beside_a_kernel_never_runs(case, tmp_path):
     assert np.allclose(r["J"], _hand(0.3, 2.0), rtol=1e-14, atol=0)
 
 
-def test_a_forged_product_never_changes_the_answer(case):
+@pytest.mark.slow
+def test_a_forged_product_never_changes_the_answer(case, monkeypatch):
     """Item 2 of #21: another document's complete product copied over this
     document's key, its ``"key"`` rewritten and every hash beside it
     recomputed (what anyone who can write the folder can do) is a miss: the
     build is this document's own Jacobian (hand-derived), not the other's."""
     import hashlib
     path, other, cache = case
+    monkeypatch.setenv("ESMJAC_CACHE_DIR", str(cache))       # build_key looks for the grid-free entry there
     mine, theirs = _stem_of(cache, path), _stem_of(cache, other)
+    assert (cache / (mine + ".json")).exists() and (cache / (theirs + ".json")).exists()
     for suffix in (".json", ".npz"):
         data = (cache / (theirs + suffix)).read_bytes()
         if suffix == ".json":

@@ -59,7 +59,10 @@ def test_the_growth_bound_and_non_negativity_are_user_settable():
     lf = rosenbrock(_square(4), rtol=1e-6, threads=1, max_abs=1.5)
     u = u0.copy()
     st = lf.advance(u, 0.0, 3.0)
-    assert list(st.status[:2]) == [7, 7] and np.all(np.abs(u) <= 1.5)
+    # lane 0 grows past the bound before any step could jump its pole; lane 1
+    # (slower) may meet its pole first: failed either way, never past 1.5
+    assert st.status[0] == 7 and st.status[1] in (6, 7) and np.all(np.abs(u) <= 1.5)
+    assert np.all(st.status[2:] == 0)
     lf = rosenbrock(_square(4), rtol=1e-6, threads=1, nonnegative=True)
     u = u0.copy()
     st = lf.advance(u, 0.0, 0.5)
