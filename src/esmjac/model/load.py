@@ -197,7 +197,7 @@ def _refs_of(tree: Any) -> list:
 
 
 def preflight(source: Any) -> None:
-    """Bound a document before earthsci-ast reads it (docs/DESIGN §13): the
+    """Bound a document before earthsci-ast reads it (untrusted input): the
     file is a regular file within the document limit, its nesting within
     the depth limit, its index sets within the memory limit, and so is every
     file it pulls in through ``ref`` — local files only (a URL is refused
