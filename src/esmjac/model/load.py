@@ -229,7 +229,7 @@ def preflight(source: Any) -> None:
         return
     allow_urls = os.environ.get("ESMJAC_ALLOW_URL_REFS") == "1"
     # Depth-first over refs, with the chain of files that led to each one.
-    todo = [(root, base, (name,))]
+    todo: list = [(root, base, (name,))]
     done: set = set()
     while todo:
         tree, b, chain = todo.pop()
