@@ -205,6 +205,13 @@ def test_per_cell_names_and_refusals(grid):
     with pytest.raises(JacError) as e:
         ad.rhs(BOX, ds, per_cell=["jNO2", "jO1D"])
     assert e.value.code == "bad_argument" and "per_cell" in e.value.message and "'T'" in e.value.message
+    # per-cell fields from a separate forcing= Dataset: the same bits as from the state's own
+    got = ad.rhs(BOX, ds[grid["species"]], forcing=ds[["T", "jNO2", "jO1D"]],
+                 per_cell=PER_CELL).compute(scheduler="sync")
+    assert np.array_equal(_stack(got, grid["species"]), grid["ref"]["rhs"])
+    with pytest.raises(JacError) as e:                     # the same refusal in a forcing= Dataset
+        ad.rhs(BOX, ds[grid["species"]], forcing=ds[["T", "jNO2", "jO1D"]], per_cell=["jNO2", "jO1D"])
+    assert e.value.code == "bad_argument" and "'T'" in e.value.message
     with pytest.raises(JacError) as e:                     # nothing per cell at all: refused too
         ad.rhs(BOX, ds)
     assert e.value.code == "bad_argument" and "per_cell" in e.value.message

@@ -148,7 +148,9 @@ def _forcing(m: DaskModel, forcing, inp: _Input):
     import dask.array as da
     u = inp.u
     if inp.kind == "dataset" and (forcing is None or isinstance(forcing, dict)):
-        _refuse_scalar_fields(m, inp)
+        _refuse_scalar_fields(m, inp, inp.template)
+    elif inp.kind == "dataset" and _is_dataset(forcing):
+        _refuse_scalar_fields(m, inp, forcing)
     if not m.forcing_names:
         if forcing is not None and not (inp.kind == "dataset" and forcing is inp.template):
             named = [k for k in (forcing if isinstance(forcing, dict) else ())
@@ -176,7 +178,7 @@ def _forcing(m: DaskModel, forcing, inp: _Input):
                                        "an xarray Dataset, or an array (n_forcing, cells); got "
                                        f"{type(src).__name__}")
     tables = []                                # xarray Datasets to read fields from, in order
-    if type(src).__module__.split(".")[0] == "xarray" and hasattr(src, "data_vars"):
+    if _is_dataset(src):
         tables.append(src)
     if inp.kind == "dataset" and (src is None or isinstance(src, dict)):
         tables.append(inp.template)            # per-cell fields inside the state Dataset
@@ -222,14 +224,18 @@ def _forcing(m: DaskModel, forcing, inp: _Input):
     return a.astype(u.dtype).rechunk((len(m.forcing_names), u.chunks[1]))
 
 
-def _refuse_scalar_fields(m: DaskModel, inp: _Input) -> None:
+def _is_dataset(x) -> bool:
+    return type(x).__module__.split(".")[0] == "xarray" and hasattr(x, "data_vars")
+
+
+def _refuse_scalar_fields(m: DaskModel, inp: _Input, table) -> None:
     """A Dataset variable over the cells that names a scalar parameter would
     be silently ignored (the model reads one number for all cells): refused,
     with the way to read it per cell."""
     cells = set(inp.cell_dims)
-    for k in inp.template.data_vars:
+    for k in table.data_vars:
         n = _to_model_name(str(k), m.param_names)
-        if n is not None and cells & set(inp.template[k].dims):
+        if n is not None and cells & set(table[k].dims):
             raise JacError("bad_argument",
                            f"the Dataset's variable {k!r} varies over the cells, but {n} is a scalar "
                            f"parameter of the model (one value for all cells): declare it per cell "
