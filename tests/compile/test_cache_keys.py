@@ -130,8 +130,8 @@ def test_a_serial_twin_is_keyed_by_its_modules_sources(monkeypatch):
     """A serial twin runs with its module's globals (helpers compiled into
     its Numba cache entry): its source, and so its kernel key, names the hash
     of those modules' files, which changes when a helper does."""
+    from esmjac.compile import twins as bound
     from esmjac.compile.tape import run_tape
-    from esmjac.runtime import bound
 
     h = bound._sources_hash(run_tape.py_func.__module__)
     assert len(h) == 24

@@ -99,6 +99,7 @@ class Generated:
     n_statements: int
     counts_nonfinite: bool = False   # chunks return how many non-finite values they stored
     tile_scratch: int = 0    # tiled chunks: scratch elements per work item (their last argument ``S``)
+    reads_cells: bool = False  # some cell chunk reads cell index values (``cix``)
 
 
 def tile_scratch(per_item: int, lanes: int, W: int) -> int:
@@ -366,6 +367,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     nstmt = 0
     scratch = 0
     hoisted: set = set()
+    reads_cells = False
     unit = dest is not None and all(b == 0 and st == 1 for _, b, st in dest)
     if doc.kind == "cell":
         outputs = _cell_outputs(doc)
@@ -427,6 +429,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
             else:
                 lines, n, hv = _chunk(name, blk, taken, doc, dims, names)
             hoisted |= hv
+            reads_cells = reads_cells or (dims is None and any(op == "idx" for op, _ in blk.ins))
             nstmt += n
             body.extend(lines)
             chunks.append(name)
@@ -437,7 +440,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
     # Cell chunks count the non-finite values they store (global ones
     # accumulate over box points: their callers scan the output).
     return Generated(src, tuple(chunks), tuple(kinds), len(low.prologue.ins), nstmt, mode != "global",
-                     scratch)
+                     scratch, reads_cells)
 
 
 @_names_equation

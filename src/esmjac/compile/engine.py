@@ -11,6 +11,7 @@ re-decide.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -19,12 +20,34 @@ from ..model.deep import run_deep
 from ..model.expr import Node, iter_children
 from .cache import kernel_key, load_source, recover_numba_cache
 from .codegen import generate, tape_program, tile_scratch
-from .tape import retarget, run_tape
+from .tape import OPS, retarget, run_tape
+from .twins import serial_driver, serial_twin
 
-__all__ = ["Kernel", "FusedTape", "compile_doc", "fused_tape", "tape_kernel", "tape_key", "ENGINE_OPTIONS"]
+__all__ = ["Kernel", "FusedTape", "compile_doc", "fused_tape", "tape_kernel", "tape_key", "ENGINE_OPTIONS",
+           "NO_SLOTS", "run_tapes"]
 
-_NO_SLOTS = np.zeros(0, np.int64)       # run_tape's zero-slot list when it writes no tiles
-_NO_SLOTS.setflags(write=False)
+#: run_tape's zero-slot list when it writes no tiles (lanes-fastest stores).
+NO_SLOTS = np.zeros(0, np.int64)
+NO_SLOTS.setflags(write=False)
+
+# A generated module's chunk functions, by (fused, serial): ``<name>`` the
+# parallel chunk, ``s<name>`` its serial twin, ``fl<name>``/``sfl<name>`` a
+# plan's direct writes (codegen). Spelled here only.
+_PREFIX = {(False, False): "", (False, True): "s", (True, False): "fl", (True, True): "sfl"}
+
+
+def run_tapes(run, tapes: tuple, u, f, p, t: float, h, cix, out, lanes: int, tile: int = 0,
+              slots_per_lane: int = 0, capacity: int = 0, zero_slots: np.ndarray = NO_SLOTS) -> int:
+    """The prologue tape into ``h``, then the body tape over ``lanes`` lanes
+    into ``out`` (``tile``/``slots_per_lane``/``capacity``/``zero_slots``: a
+    tiled plan's direct slot stores; 0: lanes-fastest, capacity ``lanes``).
+    ``run`` is :func:`~esmjac.compile.tape.run_tape` or its serial twin.
+    The one place run_tape's arguments are written; returns the number of
+    non-finite values stored."""
+    pro, body = tapes
+    run(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    return run(body.code, body.consts, u, f, p, t, h, cix, out, lanes, body.nreg, tile, slots_per_lane,
+               capacity or lanes, zero_slots)
 
 #: Compiler options (a subset of the programs' build options).
 ENGINE_OPTIONS = {
@@ -51,6 +74,7 @@ class Kernel:
     counts_nonfinite: bool = False   # cell chunks return the non-finite values they stored
     tile_scratch: int = 0      # tiled chunks: scratch elements per work item (codegen.tile_scratch)
     tile_scratch_width: int = 0   # ... and their tile width W
+    reads_cells: bool = True   # whether the chunks read cell index values (``cix``); known at generation
 
     def module(self):
         if self.engine == "tape":
@@ -64,7 +88,133 @@ class Kernel:
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_module", None)                       # modules do not pickle; re-imported on use
+        state.pop("_calls", None)
         return state
+
+    def chunk_calls(self, *, serial: bool, fused: bool = False) -> tuple:
+        """``((function, is_cell), ...)``: the generated chunks in call order,
+        the serial twins or the parallel ones, a plan's direct writes
+        (``fused``) or the program's own outputs (memoized on the instance)."""
+        memo = self.__dict__.get("_calls")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_calls", memo)
+        calls = memo.get((fused, serial))
+        if calls is None:
+            mod, pre = self.module(), _PREFIX[fused, serial]
+            kinds = ("cell",) * len(self.chunks) if fused else self.chunk_kinds
+            calls = memo[fused, serial] = tuple((getattr(mod, pre + n), k == "cell")
+                                                for n, k in zip(self.chunks, kinds))
+        return calls
+
+    def driver(self, *, fused: bool = False):
+        """The serial driver (:func:`~esmjac.compile.twins.serial_driver`) of
+        this kernel's serial chunks: ``drive(u, f, p, t, h, cix, out, L[, S])``
+        runs the prologue, the chunks and the non-finite scan in one native
+        call and returns how many non-finite values it stored."""
+        if fused:
+            kind = "tile" if self.tile_scratch else ("cellc" if self.counts_nonfinite else "cell")
+            calls = tuple((_PREFIX[True, True] + n, kind) for n in self.chunks)
+        else:
+            cell = "cellc" if self.counts_nonfinite else "cell"
+            calls = tuple((_PREFIX[False, True] + n, cell if k == "cell" else "global")
+                          for n, k in zip(self.chunks, self.chunk_kinds))
+        return serial_driver(self.module(), calls)
+
+    def bind(self, h: np.ndarray, cix: np.ndarray, lanes: int, *, serial: bool,
+             one_thread: Callable[[], bool] | None = None, fused: bool = False,
+             scratch: np.ndarray | None = None) -> Callable:
+        """``call(u, p, t, f, out) -> int | None``: this kernel on ``lanes``
+        lanes with its hoisted values in ``h`` and lane map ``cix`` (fixed
+        here, the numbers per call; nothing checked per call: the caller
+        checked the arrays). ``serial``: one compiled call (the serial driver,
+        non-finite scan included; the tape's serial twin); otherwise the
+        parallel chunks, or their serial twins while ``one_thread()`` says
+        numba runs on one thread (the caller's thread policy). ``fused``: a
+        plan's direct writes, ``scratch`` the tiled chunks' scratch. The call
+        returns the number of non-finite values stored, or None when the
+        chunks do not count them (the caller scans ``out``)."""
+        L = int(lanes)
+        if self.engine == "tape":
+            run = serial_twin(run_tape) if serial else run_tape
+            tapes = self.tapes
+
+            def call(u, p, t, f, out):
+                return run_tapes(run, tapes, u, f, p, t, h, cix, out, L)
+            return call
+        extra = () if scratch is None else (scratch,)
+        if serial:
+            drive = self.driver(fused=fused)
+            if extra:
+                def call(u, p, t, f, out):
+                    return drive(u, f, p, t, h, cix, out, L, scratch)
+                return call
+
+            def call(u, p, t, f, out):
+                return drive(u, f, p, t, h, cix, out, L)
+            return call
+        pro = self.module().prologue
+        par = self.chunk_calls(serial=False, fused=fused)
+        ser = self.chunk_calls(serial=True, fused=fused) if one_thread is not None else par
+        counts = self.counts_nonfinite
+        if one_thread is None:
+            def one_thread():
+                return False
+        if fused:
+            par_f, ser_f = tuple(fn for fn, _ in par), tuple(fn for fn, _ in ser)
+
+            def call(u, p, t, f, out):
+                pro(p, t, h)
+                bad = 0
+                for fn in (ser_f if one_thread() else par_f):
+                    bad += fn(u, f, h, cix, out, L, *extra)
+                return bad if counts else None
+            return call
+
+        def call(u, p, t, f, out):
+            pro(p, t, h)
+            bad = 0
+            for fn, is_cell in (ser if one_thread() else par):
+                if is_cell:
+                    bad += fn(u, f, h, cix, out, L) or 0
+                else:
+                    fn(u, f, h, out)
+            return bad if counts else None
+        return call
+
+    def bind_params(self, p: np.ndarray, t: float, h: np.ndarray, *, fused: bool = False) -> Callable:
+        """``call(u, f, cix, lanes, out[, scratch])``: the serial chunks with
+        parameters ``p`` and time ``t`` fixed — the prologue (parameter-only
+        values into ``h``) runs here, once, not per call — on the first
+        ``lanes`` lanes with the call's own lane map (an integrator's
+        compacted lanes on one worker thread). The tape engine runs its
+        prologue tape with every call, on the interpreter's serial twin (the
+        parallel one's region start-up and barrier cost more than a 64-lane
+        block's arithmetic; the same instructions, so the same bits).
+        Returns nothing (the caller checks the values it integrates)."""
+        if self.engine == "tape":
+            run, tapes, t = serial_twin(run_tape), self.tapes, float(t)
+
+            def call(u, f, cix, lanes, out):
+                run_tapes(run, tapes, u, f, p, t, h, cix, out, lanes)
+            return call
+        self.module().prologue(p, float(t), h)
+        calls = self.chunk_calls(serial=True, fused=fused)
+        if fused:
+            fns = tuple(fn for fn, _ in calls)
+
+            def call(u, f, cix, lanes, out, *scratch):
+                for fn in fns:
+                    fn(u, f, h, cix, out, lanes, *scratch)
+            return call
+
+        def call(u, f, cix, lanes, out):
+            for fn, is_cell in calls:
+                if is_cell:
+                    fn(u, f, h, cix, out, lanes)
+                else:
+                    fn(u, f, h, out)
+        return call
 
     def listing(self) -> str:
         """Readable generated source or tape."""
@@ -90,36 +240,28 @@ class Kernel:
         return _recovering(self._run_fused_once, out, u, p, t, forcing, out, h, cix, lanes, serial)
 
     def _run_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> int | None:
-        if self.engine == "tape":
-            pro, body = self.tapes
-            run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-            return run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
-                            0, 0, lanes, _NO_SLOTS)      # the tape counts the non-finite values it stores
-        mod = self.module()
-        mod.prologue(p, float(t), h)
-        pre = "s" if serial else ""
+        if self.engine == "tape":       # the tape counts the non-finite values it stores
+            return run_tapes(run_tape, self.tapes, u, forcing, p, float(t), h, cix, out, lanes)
+        self.module().prologue(p, float(t), h)
         bad = 0
-        for name, kind in zip(self.chunks, self.chunk_kinds):
-            fn = getattr(mod, pre + name)
-            if kind == "cell":
+        for fn, is_cell in self.chunk_calls(serial=serial):
+            if is_cell:
                 bad += fn(u, forcing, h, cix, out, lanes) or 0
             else:
                 fn(u, forcing, h, out)
         return bad if self.counts_nonfinite else None
 
     def _run_fused_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> int | None:
-        mod = self.module()
         if h.shape[0] < self.n_hoist:
             h = np.zeros(self.n_hoist)
-        mod.prologue(p, float(t), h)
-        pre = "sfl" if serial else "fl"
+        self.module().prologue(p, float(t), h)
         bad = 0
         extra = ()
         if self.tile_scratch:
             W = self.tile_scratch_width
             extra = (np.empty(tile_scratch(self.tile_scratch, lanes, W), u.dtype),)
-        for name in self.chunks:
-            bad += getattr(mod, pre + name)(u, forcing, h, cix, out, lanes, *extra) or 0
+        for fn, _ in self.chunk_calls(serial=serial, fused=True):
+            bad += fn(u, forcing, h, cix, out, lanes, *extra) or 0
         return bad if self.counts_nonfinite else None
 
 
@@ -141,10 +283,36 @@ class FusedTape:
                            capacity)
 
     def _run_once(self, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity) -> int:
-        pro, body = self.prologue, self.body
-        run_tape(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-        return run_tape(body.code, body.consts, u, forcing, p, float(t), h, cix, out, lanes, body.nreg,
-                 tile, slots_per_lane, capacity, self.zero_slots)
+        return run_tapes(run_tape, (self.prologue, self.body), u, forcing, p, float(t), h, cix, out, lanes,
+                         tile, slots_per_lane, capacity, self.zero_slots)
+
+    def bind_lanes(self, p: np.ndarray, t: float, h: np.ndarray, slots_per_lane: int,
+                   tile_width: Callable[[int], int], capacity: Callable[[int], int]) -> Callable:
+        """``call(u, f, cix, lanes, out) -> int``: the direct slot stores with
+        parameters ``p`` and time ``t`` fixed, the lanes and their lane map
+        per call (an integrator's compacted lanes on one worker thread: the
+        interpreter's serial twin); ``tile_width(lanes)``/``capacity(lanes)``
+        give the plan's tiles at that lane count. The number of non-finite
+        values stored."""
+        run = serial_twin(run_tape)
+        tapes, zs, t, P = (self.prologue, self.body), self.zero_slots, float(t), int(slots_per_lane)
+
+        def call(u, f, cix, lanes, out):
+            return run_tapes(run, tapes, u, f, p, t, h, cix, out, lanes, tile_width(lanes), P, capacity(lanes), zs)
+        return call
+
+    def bind(self, h: np.ndarray, cix: np.ndarray, lanes: int, tile: int, slots_per_lane: int,
+             capacity: int, *, serial: bool) -> Callable:
+        """``call(u, p, t, f, out) -> int``: the direct slot stores on fixed
+        lanes, tiles, hoisted values and lane map (the serial twin of the
+        interpreter when ``serial``); the number of non-finite values stored."""
+        run = serial_twin(run_tape) if serial else run_tape
+        tapes, zs = (self.prologue, self.body), self.zero_slots
+        L, W, P, C = int(lanes), int(tile), int(slots_per_lane), int(capacity)
+
+        def call(u, p, t, f, out):
+            return run_tapes(run, tapes, u, f, p, t, h, cix, out, L, W, P, C, zs)
+        return call
 
 
 def fused_tape(doc, dest_slots, zero_slots, kernel: "Kernel | None" = None) -> FusedTape:
@@ -196,9 +364,14 @@ def tape_key(pro, body) -> str:
     return kernel_key("tape", *pro.digest_parts(), *body.digest_parts())
 
 
+_IDX = OPS.index("idx")        # the tape's cell-index read
+
+
 def tape_kernel(pro, body, n_hoist: int) -> Kernel:
     """The tape-engine :class:`Kernel` of a prologue and a body tape."""
-    return Kernel("", tape_key(pro, body), (), (), int(n_hoist), len(body.code), "tape", (pro, body))
+    reads = any(bool(np.any(tp.code[:, 0] == _IDX)) for tp in (pro, body) if len(tp.code))
+    return Kernel("", tape_key(pro, body), (), (), int(n_hoist), len(body.code), "tape", (pro, body),
+                  reads_cells=reads)
 
 
 def compile_doc(doc, opts: dict, **generate_kw) -> Kernel:
@@ -220,4 +393,4 @@ def compile_doc(doc, opts: dict, **generate_kw) -> Kernel:
     g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]), **generate_kw)
     return Kernel(g.source, kernel_key(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
                   counts_nonfinite=bool(g.counts_nonfinite), tile_scratch=int(g.tile_scratch),
-                  tile_scratch_width=int(generate_kw.get("tile") or 0))
+                  tile_scratch_width=int(generate_kw.get("tile") or 0), reads_cells=bool(g.reads_cells))

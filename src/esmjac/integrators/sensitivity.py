@@ -51,6 +51,7 @@ from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes, solve_transpose
 from ..runtime.kernels import lane_apply
 from ..runtime.programs import JacobianProgram
 from ..runtime.second import second_order
+from ..runtime.threads import one_thread
 from .bound import BoundPrograms, bind_kernel
 
 __all__ = ["Sensitivities"]
@@ -238,18 +239,12 @@ def _add_lanes(src, rows, m, lanes, L, dst):
 
 
 def _slab_eval(prog, plan, ws, y, p, fz, m, out):
-    """Fill ``ws``'s band slab at ``y`` for ``apply``/``apply_transpose``.
-
-    The products only read the slab, so the plan's scatter into ``out`` (and
-    its checks) is skipped when the program exposes its kernel runner; the
-    public ``eval_into`` is the fallback."""
-    run = getattr(prog, "_run", None)
-    if run is None or not hasattr(ws, "slab") or prog.kernel.engine not in ("codegen", "tape"):
-        prog.eval_into(plan, y, p, 0.0, fz if prog.f_size(m) else None, out, ws)
-        return
+    """Fill ``ws``'s band slab at ``y`` for ``apply``/``apply_transpose``
+    (the products only read the slab: the plan's scatter into ``out`` and
+    its checks are skipped)."""
     dt = np.dtype(np.float64)
     B = ws.slab(dt, prog.slab_size(m))
-    run(prog.kernel, y, p, 0.0, fz, B, ws.h, ws.cix, m)
+    prog.kernel.run(y, p, 0.0, fz, B, ws.h, ws.cix, m, one_thread())
     ws.last_dtype = dt
     ws.last_plan = plan.fingerprint
 
@@ -267,7 +262,7 @@ class _Second:
         self.h = np.zeros(max(s.kernel.n_hoist, 1))
 
     def eval(self, y, p, fz, cix, L, D):
-        self.prog._run(self.s.kernel, y, p, 0.0, fz, D, self.h, cix, L)
+        self.s.kernel.run(y, p, 0.0, fz, D, self.h, cix, L, one_thread())
 
 
 class Sensitivities:
@@ -405,10 +400,10 @@ class Sensitivities:
         for k, v in ad.items():
             if isinstance(v, np.ndarray):
                 ad[k] = np.ascontiguousarray(v)
-        ad["sec"] = bind_kernel(self.jac, self.sec.s.kernel, leaf.p, 0.0)
+        ad["sec"] = bind_kernel(self.sec.s.kernel, leaf.p, 0.0)
         if self.jp is not None:
-            ad["jp"] = bind_kernel(self.jp, self.jp.kernel, leaf.p, 0.0)
-            ad["sec_p"] = bind_kernel(self.jp, self.sec_p.s.kernel, leaf.p, 0.0)
+            ad["jp"] = bind_kernel(self.jp.kernel, leaf.p, 0.0)
+            ad["sec_p"] = bind_kernel(self.sec_p.s.kernel, leaf.p, 0.0)
         return ad
 
     def _adj_scratch(self, C: int) -> dict:

@@ -18,115 +18,19 @@ the same per-lane arithmetic, so its bits equal the parallel kernel's.
 """
 from __future__ import annotations
 
-import inspect
-import textwrap
 from typing import Callable
 
-import numba
 import numpy as np
 
-from ..compile.cache import load_source
 from ..compile.codegen import tile_scratch
-from ..compile.tape import run_tape
+from ..compile.twins import serial_twin
 from ..errors import JacError
 from . import checks
 from . import kernels as K
+from .threads import SERIAL_BELOW, one_thread
 from .workspace import lane_cells
 
 __all__ = ["BoundJacobian", "BoundRhs", "SERIAL_BELOW"]
-
-#: Below this many state elements a bound call runs serial twins (measured:
-#: 64 cells of a 15-species mechanism, 2-8 ms per call on 2 threads with
-#: parallel kernels vs 7-30 µs serial).
-SERIAL_BELOW = 20000
-
-_TWINS: dict = {}
-
-_NO_SLOTS = np.zeros(0, np.int64)        # lanes-fastest stores: no tiles, no zero slots
-_NO_SLOTS.setflags(write=False)
-
-
-def serial_twin(fn):
-    """The serial twin of a fixed ``parallel=True`` kernel: the same source
-    with ``prange`` as ``range``, compiled without a parallel region (so the
-    two never drift and give the same bits). Generated once into the
-    kernel cache by content hash, like the model kernels."""
-    tw = _TWINS.get(fn)
-    if tw is None:
-
-        py = fn.py_func
-        lines = textwrap.dedent(inspect.getsource(py)).splitlines()
-        body = "\n".join(x for x in lines if not x.startswith("@")).replace("nb.prange(", "range(")
-        src = (f"# esmjac: serial twin of {py.__module__}.{py.__name__} (generated; do not edit)\n"
-               f"# from source {_sources_hash(py.__module__)}\n"
-               "import importlib as _il\n"
-               "import numba as nb\n"
-               f"_m = _il.import_module({py.__module__!r})\n"
-               "globals().update({k: v for k, v in vars(_m).items() if not k.startswith('__')})\n"
-               f"\n\n@nb.njit(cache=True, nogil=True, error_model='numpy')\n{body}\n"
-               )
-        tw = _TWINS[fn] = getattr(load_source(src), py.__name__)
-    return tw
-
-
-def _sources_hash(modname: str) -> str:
-    """SHA-256 of the source files of ``modname`` and of every esmjac module
-    whose functions it holds: a twin runs with that module's globals (its
-    helpers, inlined into the twin's Numba cache entry), so its cache key —
-    the hash of the twin's own source, which names this — must change with
-    them, not only with the twinned function's text."""
-    import hashlib
-    import sys
-
-    mod = sys.modules[modname]
-    names = {modname}
-    for v in vars(mod).values():
-        m = getattr(getattr(v, "py_func", v), "__module__", None)
-        if isinstance(m, str) and m.split(".")[0] == "esmjac":
-            names.add(m)
-    h = hashlib.sha256()
-    for name in sorted(names):
-        f = getattr(sys.modules.get(name), "__file__", None)
-        if f:
-            with open(f, "rb") as fh:
-                h.update(name.encode() + b"\0" + fh.read() + b"\0")
-    return h.hexdigest()[:24]
-
-
-_DRIVERS: dict = {}
-
-
-def serial_driver(mod, calls: tuple):
-    """One compiled entry for a small call: ``drive(u, f, p, t, h, cix,
-    out, L[, S]) -> number of non-finite outputs`` (``S``: the tile scratch)
-    runs the prologue, the serial chunks ``calls`` (``(name, "cell" |
-    "global" | "cellc" | "tile")``) of the generated module ``mod`` and the
-    non-finite scan (``cellc``/``tile`` chunks count while they store: no
-    scan when all do) in one native call: each Numba dispatch
-    from Python costs about a microsecond, as much as a one-cell kernel.
-    Generated next to the kernels by content hash (the module name is that
-    hash), so it never outlives the kernels it calls."""
-    key = (mod.__name__, calls)
-    d = _DRIVERS.get(key)
-    if d is None:
-        lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
-                 "import sys as _sys", "import numba as nb", "import numpy as np",
-                 f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
-        body = ["    prologue(p, t, h)", "    n = 0"]
-        call = {"cell": "c{}(u, f, h, cix, out, L)", "global": "c{}(u, f, h, out)",
-                "cellc": "n += c{}(u, f, h, cix, out, L)", "tile": "n += c{}(u, f, h, cix, out, L, S)"}
-        for i, (name, kind) in enumerate(calls):
-            lines.append(f"c{i} = _k.{name}")
-            body.append("    " + call[kind].format(i))
-        tiled = any(kind == "tile" for _, kind in calls)      # only tiles take the scratch
-        if any(kind in ("cell", "global") for _, kind in calls):
-            body += ["    for i in range(out.shape[0]):", "        if not np.isfinite(out[i]):",
-                     "            n += 1"]
-        src = "\n".join(lines + ["", "", "@nb.njit(cache=True, nogil=True, error_model='numpy')",
-                                 f"def drive(u, f, p, t, h, cix, out, L{', S' if tiled else ''}):", *body,
-                                 "    return n", ""])
-        d = _DRIVERS[key] = load_source(src).drive
-    return d
 
 
 def _refuse(name: str, x, n: int, dtype) -> None:
@@ -316,42 +220,14 @@ class BoundJacobian(_Bound):
         if self.direct and kern.engine == "tape":
             return self._tape_body()
         if self.direct:
-            fk = prog._fused_kernel(plan)
-            mod = fk.module()
+            fk = prog.direct_kernel(plan)
             if self._h.shape[0] < fk.n_hoist:
                 self._h = np.zeros(fk.n_hoist)
-            pro = mod.prologue
-            h, cix = self._h, self._cix
             tiled = fk.tile_scratch > 0
-            S = np.empty(tile_scratch(fk.tile_scratch, L, plan.tile_width(L)) if tiled else 1, self.dtype)
-            if serial:
-                kind = "tile" if tiled else ("cellc" if fk.counts_nonfinite else "cell")
-                drive = serial_driver(mod, tuple(("sfl" + n, kind) for n in fk.chunks))
-                if not tiled:
-                    def body(u, p, t, f, out):
-                        return drive(u, f, p, t, h, cix, out, L)
-                    return body
-
-                def body(u, p, t, f, out):
-                    return drive(u, f, p, t, h, cix, out, L, S)
-                return body
-            par = tuple(getattr(mod, "fl" + n) for n in fk.chunks)
-            ser = tuple(getattr(mod, "sfl" + n) for n in fk.chunks)
-            extra = (S,) if tiled else ()
-            counts = fk.counts_nonfinite
-            nthreads = _num_threads()
-
-            def body(u, p, t, f, out):
-                pro(p, t, h)
-                bad = 0
-                # one thread: the serial twins (no parfor scheduling; a
-                # thread-count read is nothing beside a call this large)
-                for fn in (ser if nthreads() == 1 else par):
-                    bad += fn(u, f, h, cix, out, L, *extra)
-                return bad if counts else None
-            return body
+            S = np.empty(tile_scratch(fk.tile_scratch, L, plan.tile_width(L)), self.dtype) if tiled else None
+            return fk.bind(self._h, self._cix, L, serial=serial, one_thread=one_thread, fused=True, scratch=S)
         B = self._slab
-        run = _rhs_like_runner(kern, serial, L, self._h, self._cix)
+        run = kern.bind(self._h, self._cix, L, serial=serial, one_thread=one_thread)
         a = plan.arrays
         if plan.tiled:
             # the slab is lanes-fastest; the tiled layout's padding lanes
@@ -392,18 +268,10 @@ class BoundJacobian(_Bound):
     def _tape_body(self) -> Callable:
         """Direct slot stores of the tape engine (a tiled plan): the prologue
         tape into ``h``, then the plan's body tape over every stored lane."""
-        prog, plan, L = self.prog, self.plan, self.lanes
-        tape = serial_twin(run_tape) if self.serial else run_tape
-        ft = prog._fused_tape(plan)
-        pro, tb, zs = ft.prologue, ft.body, ft.zero_slots
-        h, cix = self._h, self._cix
-        W, P, C = plan.tile_width(L), int(plan.info["slots_per_lane"]), plan.capacity(L)
-        pc, pk, pn, bc, bk, bn = pro.code, pro.consts, pro.nreg, tb.code, tb.consts, tb.nreg
-
-        def body(u, p, t, f, out):
-            tape(pc, pk, u, f, p, t, h, cix, h, 1, pn, 0, 0, 1, _NO_SLOTS)
-            return tape(bc, bk, u, f, p, t, h, cix, out, L, bn, W, P, C, zs)   # counts non-finite stores
-        return body
+        plan, L = self.plan, self.lanes
+        return self.prog.direct_tape(plan).bind(self._h, self._cix, L, plan.tile_width(L),
+                                               int(plan.info["slots_per_lane"]), plan.capacity(L),
+                                               serial=self.serial)
 
     def _warm(self) -> None:
         """Compile every specialization the calls use, on one-lane scratch
@@ -450,50 +318,6 @@ class _OneLane:
         b._scan(self.out)
 
 
-def _rhs_like_runner(kern, serial: bool, L: int, h, cix) -> Callable:
-    """``run(u, p, t, f, out)`` of a program kernel (codegen or tape) into
-    its own output (the RHS, or a Jacobian's band slab)."""
-    if kern.engine == "tape":
-        tape = serial_twin(run_tape) if serial else run_tape
-        pro, body = kern.tapes
-
-        def run(u, p, t, f, out):
-            tape(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, _NO_SLOTS)
-            return tape(body.code, body.consts, u, f, p, t, h, cix, out, L, body.nreg, 0, 0, L, _NO_SLOTS)
-        return run
-    mod = kern.module()
-    pro = mod.prologue
-    counts = kern.counts_nonfinite
-    if serial:
-        cell = "cellc" if counts else "cell"
-        drive = serial_driver(mod, tuple(("s" + n, cell if k == "cell" else "global")
-                                         for n, k in zip(kern.chunks, kern.chunk_kinds)))
-
-        def run(u, p, t, f, out):
-            return drive(u, f, p, t, h, cix, out, L)
-        return run
-    calls = {pre: tuple((getattr(mod, pre + n), k == "cell") for n, k in zip(kern.chunks, kern.chunk_kinds))
-             for pre in ("", "s")}
-    par, ser = calls[""], calls["s"]
-    nthreads = _num_threads()
-
-    def run(u, p, t, f, out):
-        pro(p, t, h)
-        bad = 0
-        for fn, is_cell in (ser if nthreads() == 1 else par):
-            if is_cell:
-                bad += fn(u, f, h, cix, out, L) or 0
-            else:
-                fn(u, f, h, out)
-        return bad if counts else None
-    return run
-
-
-def _num_threads() -> Callable:
-    """numba's (thread-local) thread count reader, resolved once."""
-    return numba.get_num_threads
-
-
 class BoundRhs(_Bound):
     """``run(u, p, t, forcing, out)``: the right-hand side with everything
     but the numbers decided at binding time (``RhsProgram.bind``)."""
@@ -517,7 +341,8 @@ class BoundRhs(_Bound):
         sc = scratch if scratch is not None else prog.new_buffers(self.lanes)
         self._h, self._cix = sc.h, sc.cix
         self.zero_first = prog.kind == "global"
-        self._body = _rhs_like_runner(prog.kernel, self.serial, self.lanes, self._h, self._cix)
+        self._body = prog.kernel.bind(self._h, self._cix, self.lanes, serial=self.serial,
+                                      one_thread=one_thread)
         if self.zero_first:
             run = self._body
 
@@ -530,8 +355,8 @@ class BoundRhs(_Bound):
             f = self._f_none if self._f_none is not None else np.ones(max(self.n_f, 1), dtype=self.dtype)
             out = np.zeros(self.n_u, dtype=self.dtype)
             if prog.kind == "cell" and self.lanes > 1:
-                one = _rhs_like_runner(prog.kernel, self.serial, 1, self._h.copy(),
-                                       lane_cells(prog.layout.cell_shape, 1))
+                one = prog.kernel.bind(self._h.copy(), lane_cells(prog.layout.cell_shape, 1), 1,
+                                       serial=self.serial, one_thread=one_thread)
                 one(u[:prog.u_size(1)].copy(), np.ones(self.n_p), 0.0,
                     f[:max(prog.f_size(1), 1)].copy(), out[:prog.u_size(1)].copy())
             else:

@@ -574,7 +574,7 @@ class JacobianProgram(_Product, _Base):
             _checks.report_nonfinite(out, (u, pv, f), t, "Jacobian")
         return out
 
-    def _fused_kernel(self, plan: ScatterPlan, ws: JacWorkspace | None = None) -> Kernel:
+    def direct_kernel(self, plan: ScatterPlan, ws: JacWorkspace | None = None) -> Kernel:
         """The plan-specific fused kernel: generated once per process and
         plan (content-hashed on disk), remembered by the workspace."""
         if ws is not None and ws.fused is not None and ws.fused[0] == plan.key:
@@ -595,7 +595,7 @@ class JacobianProgram(_Product, _Base):
             ws.fused = (plan.key, k)
         return k
 
-    def _fused_tape(self, plan: ScatterPlan) -> FusedTape:
+    def direct_tape(self, plan: ScatterPlan) -> FusedTape:
         """The tape engine's direct-write body for a tiled plan (slot
         stores), generated once per process and plan."""
         memo = (self.fingerprint, plan.key, "tape")
@@ -608,9 +608,9 @@ class JacobianProgram(_Product, _Base):
         """Direct writes into ``plan``'s slots; the number of non-finite
         values stored when the kernels count them (tiles), else None."""
         if self.kernel.engine == "tape":
-            return self._fused_tape(plan).run(u, p, t, f, out, ws.h, ws.cix, L, plan.tile_width(L),
+            return self.direct_tape(plan).run(u, p, t, f, out, ws.h, ws.cix, L, plan.tile_width(L),
                                               int(plan.info["slots_per_lane"]), plan.capacity(L))
-        return self._fused_kernel(plan, ws).run_fused(u, p, t, f, out, ws.h, ws.cix, L, one_thread())
+        return self.direct_kernel(plan, ws).run_fused(u, p, t, f, out, ws.h, ws.cix, L, one_thread())
 
     def _slab_of(self, ws: JacWorkspace):
         """The band slab at the point of the last ``eval_into``: kept by it

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from ...compile.tape import OPS
 from ...errors import JacError
 from ...runtime.programs import JacobianProgram, RhsProgram
 from ...runtime.workspace import lane_cells
@@ -246,11 +245,7 @@ def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray | None:
 
 def _reads_cells(prog) -> bool:
     """Whether a program's kernels read cell index values (``cix``)."""
-    k = prog.kernel
-    if k.engine == "tape":
-        idx = OPS.index("idx")                  # the opcode of a cell-index read (public op table)
-        return any(bool(np.any(t.code[:, 0] == idx)) for t in k.tapes)
-    return "cix[" in k.source
+    return prog.kernel.reads_cells
 
 
 def _flat(block: np.ndarray | None, dtype) -> np.ndarray | None:

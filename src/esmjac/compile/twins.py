@@ -1,0 +1,106 @@
+"""Serial twins and serial drivers: compiled variants of kernels, generated
+from their source and imported from the kernel cache by content hash.
+
+A *serial twin* is a fixed ``parallel=True`` kernel's own source with
+``prange`` as ``range``, compiled without a parallel region: the same
+per-lane arithmetic, so the same bits, without a fork/join per call. A
+*serial driver* is one compiled entry that runs a generated module's
+prologue, its serial chunks and the non-finite scan in one native call
+(each Numba dispatch from Python costs about a microsecond, as much as a
+one-cell kernel). Which to use when is the caller's policy
+(:mod:`esmjac.runtime.threads`); how a kernel's chunks are called is
+:meth:`esmjac.compile.engine.Kernel.bind`.
+"""
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+from .cache import load_source
+
+__all__ = ["serial_twin", "serial_driver"]
+
+_TWINS: dict = {}
+
+
+def serial_twin(fn):
+    """The serial twin of a fixed ``parallel=True`` kernel: the same source
+    with ``prange`` as ``range``, compiled without a parallel region (so the
+    two never drift and give the same bits). Generated once into the
+    kernel cache by content hash, like the model kernels."""
+    tw = _TWINS.get(fn)
+    if tw is None:
+
+        py = fn.py_func
+        lines = textwrap.dedent(inspect.getsource(py)).splitlines()
+        body = "\n".join(x for x in lines if not x.startswith("@")).replace("nb.prange(", "range(")
+        src = (f"# esmjac: serial twin of {py.__module__}.{py.__name__} (generated; do not edit)\n"
+               f"# from source {_sources_hash(py.__module__)}\n"
+               "import importlib as _il\n"
+               "import numba as nb\n"
+               f"_m = _il.import_module({py.__module__!r})\n"
+               "globals().update({k: v for k, v in vars(_m).items() if not k.startswith('__')})\n"
+               f"\n\n@nb.njit(cache=True, nogil=True, error_model='numpy')\n{body}\n"
+               )
+        tw = _TWINS[fn] = getattr(load_source(src), py.__name__)
+    return tw
+
+
+def _sources_hash(modname: str) -> str:
+    """SHA-256 of the source files of ``modname`` and of every esmjac module
+    whose functions it holds: a twin runs with that module's globals (its
+    helpers, inlined into the twin's Numba cache entry), so its cache key —
+    the hash of the twin's own source, which names this — must change with
+    them, not only with the twinned function's text."""
+    import hashlib
+    import sys
+
+    mod = sys.modules[modname]
+    names = {modname}
+    for v in vars(mod).values():
+        m = getattr(getattr(v, "py_func", v), "__module__", None)
+        if isinstance(m, str) and m.split(".")[0] == "esmjac":
+            names.add(m)
+    h = hashlib.sha256()
+    for name in sorted(names):
+        f = getattr(sys.modules.get(name), "__file__", None)
+        if f:
+            with open(f, "rb") as fh:
+                h.update(name.encode() + b"\0" + fh.read() + b"\0")
+    return h.hexdigest()[:24]
+
+
+_DRIVERS: dict = {}
+
+
+def serial_driver(mod, calls: tuple):
+    """One compiled entry for a small call: ``drive(u, f, p, t, h, cix,
+    out, L[, S]) -> number of non-finite outputs`` (``S``: the tile scratch)
+    runs the prologue, the serial chunks ``calls`` (``(name, "cell" |
+    "global" | "cellc" | "tile")``) of the generated module ``mod`` and the
+    non-finite scan (``cellc``/``tile`` chunks count while they store: no
+    scan when all do) in one native call: each Numba dispatch
+    from Python costs about a microsecond, as much as a one-cell kernel.
+    Generated next to the kernels by content hash (the module name is that
+    hash), so it never outlives the kernels it calls."""
+    key = (mod.__name__, calls)
+    d = _DRIVERS.get(key)
+    if d is None:
+        lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
+                 "import sys as _sys", "import numba as nb", "import numpy as np",
+                 f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
+        body = ["    prologue(p, t, h)", "    n = 0"]
+        call = {"cell": "c{}(u, f, h, cix, out, L)", "global": "c{}(u, f, h, out)",
+                "cellc": "n += c{}(u, f, h, cix, out, L)", "tile": "n += c{}(u, f, h, cix, out, L, S)"}
+        for i, (name, kind) in enumerate(calls):
+            lines.append(f"c{i} = _k.{name}")
+            body.append("    " + call[kind].format(i))
+        tiled = any(kind == "tile" for _, kind in calls)      # only tiles take the scratch
+        if any(kind in ("cell", "global") for _, kind in calls):
+            body += ["    for i in range(out.shape[0]):", "        if not np.isfinite(out[i]):",
+                     "            n += 1"]
+        src = "\n".join(lines + ["", "", "@nb.njit(cache=True, nogil=True, error_model='numpy')",
+                                 f"def drive(u, f, p, t, h, cix, out, L{', S' if tiled else ''}):", *body,
+                                 "    return n", ""])
+        d = _DRIVERS[key] = load_source(src).drive
+    return d
