@@ -131,3 +131,19 @@ def test_calls_set_nothing_on_a_program_and_a_pickled_one_runs_at_new_lane_count
     c = np.empty_like(u3)
     r.eval_into(u3, r.p0, 0.0, None, c, r.new_buffers(L))
     assert np.array_equal(b, c)
+
+
+def test_element_names_hold_nothing_writable():
+    # The names a program computes on access (rhs.names, rhs.row_names,
+    # jac.row_names, element_names(L)) keep their element offsets in a
+    # read-only array and their shapes and sizes in tuples: a caller cannot
+    # change which name an index gets.
+    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    for names in (r.names, r.row_names, j.row_names, r.element_names(3)):
+        before = list(names)
+        refused = 0
+        for slot in type(names).__slots__:
+            refused += _assert_frozen_value(f"ElementNames.{slot}", getattr(names, slot), set())
+        assert refused >= 1 and list(names) == before
+        with pytest.raises(ValueError, match="read-only"):
+            names._starts[1] = 0

@@ -22,6 +22,7 @@ disagree on numbering.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from .load import SystemView, lhs_state
 
 __all__ = ["ModelLayout", "model_layout", "is_box", "ElementNames", "ode_states", "element_name", "element_names",
            "local_name", "key_base", "parse_key", "strides", "Point", "resolve_point", "default_vectors",
-           "index_reader"]
+           "index_reader", "layout_fingerprint", "column_space"]
 
 
 # ------------------------------------------------------------------ numbering
@@ -248,6 +249,37 @@ def model_layout(view: SystemView, per_lane=()) -> ModelLayout:
                        tuple(cell), view.element_type, box, per_lane)
 
 
+def layout_fingerprint(lay: ModelLayout, kind: str) -> str:
+    """Content hash of what a program's kernels assume about ``lay`` (its
+    states, shapes, parameters, forcing and cell grid) for a ``kind``
+    ("cell" or "global") program."""
+    s = repr((lay.model, lay.states, sorted(lay.shapes.items()), lay.params, lay.forcing,
+              lay.cell_shape, kind))
+    return hashlib.sha256(s.encode()).hexdigest()
+
+
+def column_space(lay: ModelLayout, wrt: str) -> tuple:
+    """``(variables, first column of each, column count)`` of a Jacobian with
+    respect to ``wrt`` ("states", "parameters", "forcing" or "t")."""
+    if wrt == "states":
+        cvars = lay.states
+    elif wrt == "parameters":
+        cvars = lay.all_params
+        if lay.per_lane:
+            # Per-lane columns first, as the cell kernels number them
+            # (lane columns c*L + l, scalar ones after every lane).
+            cvars = lay.forcing + tuple(v for v in lay.all_params if v not in lay.forcing)
+    elif wrt == "forcing":
+        cvars = lay.forcing
+    else:
+        cvars = ("t",)
+    base, off = {}, 0
+    for v in cvars:
+        base[v] = off
+        off += lay.size(v) if v != "t" else 1
+    return tuple(cvars), FrozenMap(base), off
+
+
 class ElementNames(Sequence):
     """Element names of the state vector at a lane count, computed on access
     (a 10⁶-cell program stores no 12 M strings): ``"Chem.O3[5]"`` — the names
@@ -265,11 +297,11 @@ class ElementNames(Sequence):
         self._lanes = lanes
         if kind == "cell":
             self._shapes = None
-            self._sizes = [lanes] * len(lay.states)
+            self._sizes = (lanes,) * len(lay.states)
         else:
-            self._shapes = [tuple(lay.shapes.get(s, ())) for s in lay.states]
-            self._sizes = [int(np.prod(sh)) if sh else 1 for sh in self._shapes]
-        self._starts = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
+            self._shapes = tuple(tuple(lay.shapes.get(s, ())) for s in lay.states)
+            self._sizes = tuple(int(np.prod(sh)) if sh else 1 for sh in self._shapes)
+        self._starts = readonly(np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64))
 
     def __len__(self) -> int:
         return int(self._starts[-1])

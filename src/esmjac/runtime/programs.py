@@ -36,7 +36,8 @@ from ..errors import JacError, typed_errors
 from ..limits import lane_count
 from ..layouts.plans import ScatterPlan, build_plan, field_meta
 from ..model.deep import run_deep
-from ..model.layout import ElementNames, ModelLayout, default_vectors, model_layout
+from ..model.layout import (ElementNames, ModelLayout, column_space, default_vectors, layout_fingerprint,
+                            model_layout)
 from ..model.load import SystemView, load_view
 from . import checks as _checks
 from . import kernels as K
@@ -293,7 +294,7 @@ class RhsProgram(_Product, _Base):
             u0, p0, f0 = default_vectors(view, lay)
             cix = lane_cells(lay.cell_shape, _cells(lay)) if doc.kind == "cell" else np.zeros(1, np.int64)
             return cls(doc, lay, doc.kind,
-                       lay.params, lay.forcing, u0, p0, f0, kern, _layout_fp(lay, doc.kind),
+                       lay.params, lay.forcing, u0, p0, f0, kern, layout_fingerprint(lay, doc.kind),
                        view.element_type, 0.0, cix)
 
         prog = _build_doc_cached("rhs", source, model, None, opts, make)
@@ -398,12 +399,6 @@ def _cells(lay: ModelLayout) -> int:
     return int(np.prod(lay.cell_shape)) if lay.cell_shape else 1
 
 
-def _layout_fp(lay: ModelLayout, kind: str) -> str:
-    s = repr((lay.model, lay.states, sorted(lay.shapes.items()), lay.params, lay.forcing,
-              lay.cell_shape, kind))
-    return hashlib.sha256(s.encode()).hexdigest()
-
-
 def _backend(opts: dict) -> None:
     b = opts.get("backend")
     if b == "numba":
@@ -462,10 +457,10 @@ class JacobianProgram(_Product, _Base):
             _stage(opts, f"evaluation document: {len(doc.fields)} fields, {doc.kind} lanes", t0)
             kern = compile_doc(doc, opts)
             _stage(opts, f"generated {len(kern.chunks)} chunk(s), {kern.n_statements} statements", t0)
-            cvars, cbase, ncols = _colspace(lay, wrt)
+            cvars, cbase, ncols = column_space(lay, wrt)
             meta = field_meta(doc, lay, cvars, cbase)
             u0, p0, f0 = default_vectors(view, lay)
-            lfp = _layout_fp(lay, rdoc.kind)
+            lfp = layout_fingerprint(lay, rdoc.kind)
             fp = fingerprint(kern.key, lfp, doc.kind, wrt, heads_of(doc))
             return cls(doc, lay, doc.kind, wrt, tuple(bs.entries), bs.structure,
                        cvars, cbase, ncols, kern, fp, lfp, meta, u0, p0, f0, view.element_type)
@@ -719,23 +714,3 @@ def _bandset(view, wrt: str, lay: ModelLayout, opts: dict) -> BandSet:
         keep = set(lay.forcing)
         return dataclasses.replace(bs, wrt="forcing", entries=tuple(e for e in bs.entries if e.col in keep))
     return BandSet.build(view, wrt=wrt, options={"allow_empty": bool(opts["allow_empty"])})
-
-
-def _colspace(lay: ModelLayout, wrt: str) -> tuple:
-    if wrt == "states":
-        cvars = lay.states
-    elif wrt == "parameters":
-        cvars = lay.all_params
-        if lay.per_lane:
-            # Per-lane columns first, as the cell kernels number them
-            # (lane columns c*L + l, scalar ones after every lane).
-            cvars = lay.forcing + tuple(v for v in lay.all_params if v not in lay.forcing)
-    elif wrt == "forcing":
-        cvars = lay.forcing
-    else:
-        cvars = ("t",)
-    base, off = {}, 0
-    for v in cvars:
-        base[v] = off
-        off += lay.size(v) if v != "t" else 1
-    return tuple(cvars), FrozenMap(base), off

@@ -38,7 +38,7 @@ from ..compile.cache import (cache_dir, discard_product, document_key, grid_free
 from ..compile.engine import compile_doc, tape_kernel
 from ..compile.tape import TapeBounds, check_tape
 from ..layouts.plans import field_meta
-from ..model.layout import ModelLayout
+from ..model.layout import ModelLayout, column_space, layout_fingerprint
 from .workspace import lane_cells
 
 __all__ = ["build_key", "cached_build", "fingerprint", "heads_of", "LazyDoc", "LazyBands"]
@@ -281,7 +281,6 @@ def _resize(core: dict, expr, n0: int, n: int) -> tuple:
     result: the sizes below are what they compare against)."""
     if isinstance(n0, bool) or not isinstance(n0, int) or n0 < 1:
         raise ValueError("bad stored cell count")
-    from .programs import _layout_fp
     prog = core["program"]
     if not hasattr(prog, "layout") or not hasattr(prog, "kernel"):
         raise ValueError("not a program")
@@ -301,10 +300,9 @@ def _resize(core: dict, expr, n0: int, n: int) -> tuple:
                    forcing0=spread(prog.forcing0, len(lay0.forcing)))
     heads = tuple((h[0], h[1], h[2], _resize_dims(tuple(tuple(d) for d in h[3]), n), tuple(h[4]))
                   for h in core["heads"])
-    lfp = _layout_fp(lay, prog.kind)
+    lfp = layout_fingerprint(lay, prog.kind)
     if hasattr(prog, "fingerprint"):
-        from .programs import _colspace
-        changes["col_vars"], changes["col_base"], changes["n_cols"] = _colspace(lay, prog.wrt)
+        changes["col_vars"], changes["col_base"], changes["n_cols"] = column_space(lay, prog.wrt)
         changes["layout_fingerprint"] = lfp
         changes["fingerprint"] = fingerprint(prog.kernel.key, lfp, prog.kind, prog.wrt, heads)
     else:
@@ -370,8 +368,7 @@ def _revive(core: dict, expr, types: dict, opts: dict):
     _size_ok(prog.p0, len(lay.params), "p0")
     _size_ok(prog.forcing0, n_f, "forcing0")
     if is_jac:
-        from .programs import _colspace
-        cvars, cbase, ncols = _colspace(lay, prog.wrt)
+        cvars, cbase, ncols = column_space(lay, prog.wrt)
         if (tuple(prog.col_vars), dict(prog.col_base.items()), prog.n_cols) != (cvars, dict(cbase.items()), ncols):
             raise ValueError("stored column space differs from the layout's")
         src = _Heads(kind, heads) if isinstance(doc, LazyDoc) else doc
