@@ -46,9 +46,9 @@ import numpy as np
 from ..errors import JacError
 from ..layouts.plans import column_split
 from ..layouts.types import ColumnBanded, LaneSparseBlocks
-from ..linalg.sparse_lu import SparseLaneLU
+from ..linalg.sparse_lu import CHUNK, SparseLaneLU
 from ..plugins.hookspecs import Adapter, dist_version, hookimpl
-from ..runtime.threads import measure_threads, thread_count, with_threads
+from ..runtime.threads import measure_threads, one_chunk, thread_count, with_threads
 from ..runtime.workspace import JacWorkspace, RhsScratch
 from ._common import Counters, Problem, bandwidths, build_programs, cell_options, csr_pattern, inputs
 
@@ -190,7 +190,8 @@ class _BlockPC:
     def factor(self, gamma: float) -> None:
         np.multiply(self.J, -gamma, out=self.M)
         self.M[self.diag] += 1.0
-        bad = self.lu.factor_status(self.M, self.N, self.W)
+        with one_chunk(self.N, CHUNK):
+            bad = self.lu.factor_status(self.M, self.N, self.W)
         self.factored = bad is None
         if bad is not None:
             raise np.linalg.LinAlgError(f"zero or NaN pivot in cell {bad[0]} (elimination row {bad[1]})")
@@ -198,7 +199,8 @@ class _BlockPC:
     def solve(self, r, z) -> None:
         R = np.asarray(r).reshape(self.ns, self.N)
         np.take(R, self.order, axis=0, out=self.b)
-        self.lu.solve(self.M, self.b.reshape(-1), self.N, self.W)
+        with one_chunk(self.N, CHUNK):
+            self.lu.solve(self.M, self.b.reshape(-1), self.N, self.W)
         z.reshape(self.ns, self.N)[self.order] = self.b
 
 

@@ -21,7 +21,6 @@ bits do not depend on ``threads``.
 from __future__ import annotations
 
 import math
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from ..model.expr import free_names
 from ..model.layout import key_base
 from ..runtime import checks
 from ..runtime.programs import JacobianProgram, RhsProgram
-from ..runtime.threads import numba_threads
+from ..runtime.threads import numba_threads, pin_one_thread, worker_count
 from ..runtime.workspace import lane_cells
 from .bound import BoundPrograms
 from .lanestep import RUNNING, STATUS, LaneStepper
@@ -192,23 +191,6 @@ def _pos_int(name, v) -> int:
     return int(v)
 
 
-def _thread_count(threads, lanes: int) -> int:
-    import numba
-    cap = int(numba.config.NUMBA_NUM_THREADS)
-    if threads is None:
-        return max(1, min(numba.get_num_threads(), cap))
-    if threads == "auto":
-        return max(1, min(cap, os.cpu_count() or 1, lanes // AUTO_LANES_PER_THREAD))
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise JacError("bad_option", f"threads must be 'auto', None or a positive int, not {threads!r}")
-    return min(int(threads), cap)
-
-
-def _one_thread_pool_init() -> None:
-    import numba
-    numba.set_num_threads(1)
-
-
 class RosenbrockLeaf:
     """A per-cell mechanism ready for operator-split chemistry steps.
 
@@ -249,7 +231,7 @@ class RosenbrockLeaf:
         self.rtol = self._rtol(rtol)
         self.atol = self._atol(atol)
         self.forcing = forcing
-        _thread_count(threads, 1)                   # validate now
+        worker_count(threads, 1, AUTO_LANES_PER_THREAD)     # validate now
         self.threads = threads
         self.compact = bool(compact)
         self.clip_negative = bool(clip_negative)
@@ -514,7 +496,7 @@ class RosenbrockLeaf:
                 self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=max(nthreads - 1, 1),
                                             thread_name_prefix="esmjac-leaf",
-                                            initializer=_one_thread_pool_init)
+                                            initializer=pin_one_thread)
         return self._pool
 
     # -- the host-model call ------------------------------------------------
@@ -582,7 +564,7 @@ class RosenbrockLeaf:
         h0 = self.h0 if h0 is None else self._h0(h0)
         if isinstance(h0, np.ndarray) and h0.shape != (L,):
             raise JacError("bad_argument", f"h0 per lane must have {L} values, got {h0.shape}")
-        nth = _thread_count(self.threads, L)
+        nth = worker_count(self.threads, L, AUTO_LANES_PER_THREAD)
         with self._lock:
             blocks, steppers, stats, cix, fbuf = self._scratch_for(L, nth)
             if cells is not None:

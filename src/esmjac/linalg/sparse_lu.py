@@ -32,18 +32,19 @@ its chunk and however many threads exist, so results are bitwise identical
 for any ``numba.set_num_threads`` value. Lanes never mix and fastmath is off
 (no FMA contraction), so a lane's bits do not even depend on whether it lands
 in a SIMD body or a scalar remainder, i.e. on ``L`` or the chunk size.
+The thread count itself is the caller's (:mod:`esmjac.runtime.threads`:
+``one_chunk`` runs a single chunk on one thread); nothing here switches it.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numba
 import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads", "factor_lanes", "factor_shifted_lanes",
+__all__ = ["SparseLaneLU", "CHUNK", "factor_lanes", "factor_shifted_lanes",
            "solve_lanes",
            "solve_transpose_lanes", "tiled_size"]
 
@@ -52,25 +53,6 @@ __all__ = ["SparseLaneLU", "CHUNK", "single_chunk_threads", "factor_lanes", "fac
 CHUNK = 256
 
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
-
-
-@contextmanager
-def single_chunk_threads(L: int) -> Iterator[None]:
-    """Run the enclosed kernels on one thread when ``L`` fits in one chunk.
-
-    A single chunk is a single ``prange`` iteration, so extra threads only add
-    a pool wake-up (tens of µs, far more on a loaded machine) per call.
-    Results are unaffected: the chunking never depends on the thread count.
-    """
-    if L > CHUNK:
-        yield
-        return
-    saved = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(saved)
 
 
 # --------------------------------------------------------------------------
@@ -597,8 +579,7 @@ class SparseLaneLU:
         W = self._tile(tile, L)
         self._check("A", A, tiled_size(self.nnz, L, W))
         bad = np.empty(L, np.int64)
-        with single_chunk_threads(L):
-            _factor_kernel(A, L, W, CHUNK, *self.factor_ops(), bad)
+        _factor_kernel(A, L, W, CHUNK, *self.factor_ops(), bad)
         hit = np.flatnonzero(bad >= 0)
         if hit.size == 0:
             return None
@@ -619,8 +600,7 @@ class SparseLaneLU:
         W = self._tile(tile, L)
         self._check("A", A, tiled_size(self.nnz, L, W))
         self._check("b", b, self.n * L, A.dtype)
-        with single_chunk_threads(L):
-            _solve_kernel(A, b, L, W, CHUNK, *self.solve_ops())
+        _solve_kernel(A, b, L, W, CHUNK, *self.solve_ops())
 
     # Op lists in kernel argument order (for callers that validated once and
     # run the serial ``factor_lanes``/``solve_lanes`` on their own thread).

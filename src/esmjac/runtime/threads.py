@@ -5,12 +5,15 @@ count (docs/design.rst §7), but cost does: on small calls the fork/join of a
 parallel region costs more than the work (measured: 64 cells of a
 15-species mechanism, 2–8 ms per call on 2 threads against 7–30 µs on
 one). So programs run calls below :data:`SERIAL_BELOW` state elements on
-one thread, integrators run single-chunk work on one thread, and adapters
-may pin an explicit count for a whole solve. Numba's setting is
-thread-local; every switch here restores it.
+one thread, single-chunk work (one ``prange`` iteration) runs on one
+thread, the lane integrator's worker threads each run one-thread kernels,
+and adapters may pin an explicit count for a whole solve. Numba's setting
+is thread-local; every switch here restores it. No other module reads or
+sets numba's thread count.
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -20,8 +23,8 @@ import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["SERIAL_BELOW", "one_thread", "numba_threads", "serial_below", "with_threads",
-           "thread_count", "measure_threads"]
+__all__ = ["SERIAL_BELOW", "one_thread", "numba_threads", "serial_below", "one_chunk", "with_threads",
+           "thread_count", "worker_count", "pin_one_thread", "measure_threads"]
 
 #: Below this many state elements a program call runs on one thread.
 SERIAL_BELOW = 20000
@@ -53,6 +56,36 @@ def numba_threads(n: int | None) -> Iterator[None]:
 def serial_below(n: int, limit: int = SERIAL_BELOW):
     """One thread for the enclosed calls when ``n < limit`` (a small call)."""
     return numba_threads(1 if n < limit else None)
+
+
+def one_chunk(lanes: int, chunk: int):
+    """One thread for the enclosed calls when ``lanes`` fit in one ``chunk``:
+    a single ``prange`` iteration, so extra threads would only add a pool
+    wake-up (tens of µs, far more on a loaded machine) per call. The
+    chunking never depends on the thread count, so neither do the bits."""
+    return numba_threads(1 if lanes <= chunk else None)
+
+
+def pin_one_thread() -> None:
+    """Numba on one thread in the calling thread (a worker pool's
+    initializer: each worker integrates its lane blocks with one-thread
+    kernels, the parallelism is across workers)."""
+    numba.set_num_threads(1)
+
+
+def worker_count(threads, lanes: int, lanes_per_thread: int) -> int:
+    """Worker threads over lane blocks for an integrator's ``threads=``:
+    ``"auto"``: one per ``lanes_per_thread`` lanes, at most the cores and
+    numba's pool size; None: numba's current thread count; a positive int,
+    capped at numba's pool size."""
+    cap = int(numba.config.NUMBA_NUM_THREADS)
+    if threads is None:
+        return max(1, min(numba.get_num_threads(), cap))
+    if threads == "auto":
+        return max(1, min(cap, os.cpu_count() or 1, lanes // lanes_per_thread))
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise JacError("bad_option", f"threads must be 'auto', None or a positive int, not {threads!r}")
+    return min(int(threads), cap)
 
 
 def with_threads(nthreads: int | None, fn: Callable, *args, **kwargs):

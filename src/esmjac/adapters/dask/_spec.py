@@ -21,6 +21,7 @@ import numpy as np
 
 from ...errors import JacError
 from ...runtime.programs import JacobianProgram, RhsProgram
+from ...runtime.threads import numba_threads, thread_count
 from ...runtime.workspace import lane_cells
 
 _TEMPLATE_CELLS = 2          # a one-cell grid is degenerate (its Jacobian is a global program)
@@ -216,23 +217,10 @@ def held_bytes() -> dict:
     return dict(out)
 
 
-class _Threads:
-    """Numba on ``n`` threads for the duration of a task (thread-local)."""
-
-    def __init__(self, n: int | None):
-        self.n, self.prev = n, None
-
-    def __enter__(self):
-        if self.n:
-            import numba
-            self.prev = numba.get_num_threads()
-            numba.set_num_threads(min(int(self.n), numba.config.NUMBA_NUM_THREADS))
-        return self
-
-    def __exit__(self, *exc):
-        if self.prev is not None:
-            import numba
-            numba.set_num_threads(self.prev)
+def _Threads(n: int | None):
+    """Numba on ``n`` threads for the duration of a task (thread-local; None
+    or 0: numba's setting is left alone)."""
+    return numba_threads(thread_count(n) if n else None)
 
 
 def _cix(spec: _Spec, start: int, lanes: int) -> np.ndarray | None:
