@@ -31,10 +31,10 @@ import numpy as np
 from ..errors import JacError
 from ..layouts.types import DEFAULT_TILE, LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU
-from ..model.expr import free_names
 from ..model.layout import key_base
+from ..model.timefield import explicit_time, time_as_parameter
 from ..runtime import checks
-from ..runtime.programs import JacobianProgram, RhsProgram
+from ..runtime.programs import JacobianProgram, RhsProgram, model_view
 from ..runtime.threads import numba_threads, pin_one_thread, worker_count
 from ..runtime.workspace import lane_cells
 from .bound import BoundPrograms
@@ -959,6 +959,17 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     if precision not in PRECISIONS:
         raise JacError("bad_option", f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
     options = checks.cell_options(options, per_cell)
+    # One question to the model layer before anything is built: does the
+    # right-hand side read t? Lanes sit at different times, so then t becomes
+    # a per-lane field the leaf sets to each lane's stage time (a rewritten
+    # copy of the document); each program is built once, from what it needs.
+    view, lay = model_view(source, model, options=options)
+    time_field = None
+    if explicit_time(view):
+        source, time_field = time_as_parameter(source, set(lay.params) | set(lay.forcing))
+        opts = dict(options or {})
+        opts["per_lane"] = tuple(opts.get("per_lane", ())) + (time_field,)
+        options = opts
     rhs = RhsProgram.build(source, model, options=options)
     jac = JacobianProgram.build(source, model, wrt="states", options=options)
     checks.integrable(rhs)
@@ -966,16 +977,6 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         raise JacError("nonuniform_pattern",
                        "the native Rosenbrock leaf integrates per-cell chemistry (LaneSparseBlocks); this "
                        "model couples cells — use kind 'scipy.ivp' or 'sundials.cvode'")
-    time_field = None
-    if any("t" in free_names(rhs.doc.expanded(f.expr)) for f in rhs.doc.fields):
-        # Lanes sit at different times: t becomes a per-lane field the leaf sets
-        # to each lane's stage time (a rewritten copy of the document).
-        source, time_field = _time_as_field(source, set(rhs.param_names) | set(rhs.forcing_names))
-        opts = dict(options or {})
-        opts["per_lane"] = tuple(opts.get("per_lane", ())) + (time_field,)
-        options = opts
-        rhs = RhsProgram.build(source, model, options=options)
-        jac = JacobianProgram.build(source, model, wrt="states", options=options)
     if tile is not None:
         _pos_int("tile", tile)
     plan = jac.plan(LaneSparseBlocks(tile=tile), source=rhs)
@@ -987,62 +988,3 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     leaf.precision = precision
     leaf.source, leaf.model, leaf.options = source, model, options
     return leaf
-
-
-def _time_as_field(source, taken: set) -> tuple:
-    """A copy of ``source`` (an esm dict, JSON text or a path) in which the
-    bare name ``t`` on equations' right-hand sides and in variables'
-    expressions is a new scalar parameter (returned with its name; the
-    caller makes it per lane). Other sources are refused."""
-    import copy
-    import json
-    from pathlib import Path
-    if isinstance(source, dict):
-        doc = copy.deepcopy(source)
-    elif isinstance(source, (str, Path)):
-        text = str(source)
-        try:
-            doc = json.loads(text if text.lstrip().startswith("{") else Path(text).read_text())
-        except (OSError, ValueError):
-            doc = None
-    else:
-        doc = None
-    if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
-        raise JacError("bad_option",
-                       "this model's right-hand side uses t explicitly; the leaf sets t per lane by "
-                       "rewriting the document, which needs it as an esm dict, JSON text or a path — "
-                       "or pass the time-dependent inputs as forcing fields (forcing=callable(t, lanes))")
-    name, k = "t_lane", 0
-    names = set(taken) | {v for m in doc["models"].values() for v in m.get("variables", {})}
-    while name in names:
-        k += 1
-        name = f"t_lane{k}"
-
-    def sub(e):
-        if isinstance(e, str):
-            return name if e == "t" else e
-        if isinstance(e, list):
-            return [sub(x) for x in e]
-        if isinstance(e, dict):
-            out = dict(e)
-            if isinstance(out.get("args"), list):
-                a = out["args"]
-                out["args"] = [a[0]] + [sub(x) for x in a[1:]] if out.get("op") == "index" and a else \
-                    [sub(x) for x in a]
-            if "expr" in out:
-                out["expr"] = sub(out["expr"])
-            return out
-        return e
-
-    for m in doc["models"].values():
-        for eq in m.get("equations", []):
-            if "rhs" in eq:
-                eq["rhs"] = sub(eq["rhs"])
-        for v in m.get("variables", {}).values():
-            for key in ("expression", "expr"):
-                if key in v:
-                    v[key] = sub(v[key])
-        m.setdefault("variables", {})[name] = {
-            "type": "parameter", "default": 0.0, "units": "s",
-            "description": "the lane's own time (t), set by the Rosenbrock leaf at every stage"}
-    return doc, name

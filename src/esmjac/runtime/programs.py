@@ -49,7 +49,7 @@ from .bound import BoundJacobian, BoundRhs
 from .second import contract_at
 from .threads import one_thread, serial_below
 
-__all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS"]
+__all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS", "model_view"]
 
 #: Options of ``JacobianProgram.build`` / ``RhsProgram.build``.
 PROGRAM_OPTIONS = {
@@ -213,6 +213,14 @@ def _view_layout(source, model, opts: dict) -> tuple:
                     while len(_VIEWS) > 2:
                         _VIEWS.popitem(last=False)
     return view, model_layout(view, opts["per_lane"])
+
+
+def model_view(source: Any, model: str | None = None, *, options: dict | None = None) -> tuple:
+    """``(view, layout)`` of ``source`` as a build with ``options`` sees it:
+    loaded once per process and document (the builds that follow reuse the
+    same view), for a caller that must ask the model something before it
+    builds (the Rosenbrock leaf: does the right-hand side read ``t``?)."""
+    return _view_layout(source, model, check_options(options, PROGRAM_OPTIONS))
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
