@@ -130,10 +130,10 @@ def test_a_serial_twin_is_keyed_by_its_modules_sources(monkeypatch):
     """A serial twin runs with its module's globals (helpers compiled into
     its Numba cache entry): its source, and so its kernel key, names the hash
     of those modules' files, which changes when a helper does."""
-    from esmjac.compile import twins as bound
+    from esmjac.compile import twins
     from esmjac.compile.tape import run_tape
 
-    h = bound._sources_hash(run_tape.py_func.__module__)
+    h = twins._sources_hash(run_tape.py_func.__module__)
     assert len(h) == 24
     real = open
 
@@ -144,4 +144,4 @@ def test_a_serial_twin_is_keyed_by_its_modules_sources(monkeypatch):
             return io.BytesIO(fh.read() + b"\n# a helper edited\n")
         return fh
     monkeypatch.setattr("builtins.open", edited)
-    assert bound._sources_hash(run_tape.py_func.__module__) != h
+    assert twins._sources_hash(run_tape.py_func.__module__) != h
