@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator
 __all__ = ["JacError", "CODES", "typed_errors", "error_class", "LoadError", "ModelNotFound",
            "AmbiguousModel", "Underivable", "Unsupported", "InlineError", "EmptyBands", "BadOption",
            "BadArgument", "UnresolvableColumn", "ForeignLayout", "NonuniformPattern", "EvaluationError",
-           "InvalidDocument", "CacheError", "InternalError", "AdapterUnavailable", "in_equation"]
+           "InvalidDocument", "CacheError", "InternalError", "AdapterUnavailable", "SolverFailed",
+           "in_equation"]
 
 #: Stable error codes and what each means.
 CODES: dict[str, str] = {
@@ -47,6 +48,8 @@ CODES: dict[str, str] = {
     "cache_error": "the on-disk cache folder cannot be used (the message names the path and the fix)",
     "internal_error": "an unexpected failure inside esmjac (a bug: report it with the traceback, `--debug`)",
     "adapter_unavailable": "the solver adapter for a kind is installed but cannot be used here",
+    "solver_failed": "an integrator stopped before the last output time (the message names the solver's "
+                     "flag, its message and the time reached)",
 }
 
 _CLASSES: dict = {}
@@ -172,6 +175,14 @@ class InvalidDocument(JacError, ValueError):
 
 class InternalError(JacError, RuntimeError):
     code = "internal_error"
+
+
+class SolverFailed(JacError, RuntimeError):
+    """An integrator stopped early; ``result`` (when set) holds what it
+    returned (the outputs it reached)."""
+
+    code = "solver_failed"
+    result = None
 
 #: Codes whose refusals concern one equation's right-hand side.
 _EQUATION_CODES = frozenset({"underivable_operator", "unsupported_construct", "inline_error", "invalid_document",

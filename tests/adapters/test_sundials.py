@@ -389,3 +389,65 @@ def test_dict_overrides_mean_the_same_as_in_scipy(y0):
             sundials.cvode(TROPO, **bad)
         assert e1.value.code == e2.value.code == "bad_argument"
         assert e1.value.message == e2.value.message
+
+
+# ------------------------------------------------------------------ early stops, big problems
+
+@needs_odes
+@pytest.mark.parametrize("make", [sundials.cvode, sundials.ida])
+def test_an_early_stop_is_a_typed_error(make, y0, reference):
+    prob = make(TROPO, forcing={"fj": FJ}, y0=y0, rtol=RTOL, atol=ATOL, max_steps=40)
+    with pytest.raises(JacError) as exc:
+        prob.solve(TOUT)
+    e = exc.value
+    assert e.code == "solver_failed" and isinstance(e, RuntimeError)
+    name = "CVODE" if make is sundials.cvode else "IDA"
+    assert f"{name} stopped at t = " in e.message and "flag -1" in e.message
+    assert "max_steps=40" in e.message
+    reached = float(e.message.split("stopped at t = ")[1].split()[0])
+    assert TOUT[0] < reached < TOUT[-1]
+    res = e.result
+    assert res.flag < 0 and 1 <= len(res.values.t) < len(TOUT)
+    k = len(res.values.t)
+    assert np.allclose(res.values.t, TOUT[:k])
+    assert _rel(np.asarray(res.values.y), reference[:k]) < 1e-5   # what it reached is right
+    again = prob.solve(TOUT, allow_failure=True)          # explicit: the flag, no raise
+    assert again.flag < 0 and len(again.values.t) == k
+
+
+@needs_odes
+def test_default_step_limit_is_for_chemistry(y0, reference):
+    # SUNDIALS' own 500 steps per output interval stop this 2-hour run early
+    # at rtol 1e-8; the adapter's default does not.
+    prob = sundials.cvode(TROPO, forcing={"fj": FJ}, y0=y0, rtol=RTOL, atol=ATOL)
+    assert prob.options["max_steps"] == sundials.MAX_STEPS >= 10_000
+    res = prob.solve(TOUT[[0, -1]])
+    assert res.flag == 0
+    assert _rel(np.asarray(res.values.y)[-1], reference[-1]) < 1e-5
+    assert prob.stats()["NumSteps"] > 500
+
+
+@needs_odes
+def test_cvode_above_the_serial_threshold_with_default_threads(y0, reference):
+    """More than 20,000 unknowns with threads="auto": the thread count is
+    measured after the callbacks are made (it used to reach numba as the
+    string "measure"). Cells are independent: cell c of the lifted grid is
+    cell c % 8 of the 8-cell reference."""
+    import json
+
+    from esmjac.models.mechanism import lift
+    from esmjac.runtime.threads import SERIAL_BELOW
+    reps = 214
+    doc = lift(json.loads(open(TROPO).read()), 8 * reps)
+    ns = y0.size // 8
+    ybig = np.tile(y0.reshape(ns, 8), (1, reps)).ravel()
+    assert ybig.size > SERIAL_BELOW
+    tout = TOUT[:2]
+    prob = sundials.cvode(doc, forcing={"fj": np.tile(FJ, reps)}, y0=ybig, rtol=1e-6, atol=ATOL)
+    assert isinstance(prob._state.threads, int)
+    res = prob.solve(tout)
+    assert res.flag == 0
+    got = np.asarray(res.values.y)[-1].reshape(ns, 8 * reps)
+    want = reference[1].reshape(ns, 8)
+    for k in (0, 1, reps - 1):
+        assert _rel(got[:, 8 * k:8 * (k + 1)], want) < 1e-3

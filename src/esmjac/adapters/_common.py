@@ -222,6 +222,7 @@ class Counters:
     npsetup: int = 0           # preconditioner setups
     npeval: int = 0            # Jacobian evaluations by the preconditioner
     npsolve: int = 0           # preconditioner solves
+    nrecoverable: int = 0      # callbacks that reported a recoverable failure (a non-finite value)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -52,11 +52,17 @@ from ..runtime.threads import measure_threads, one_chunk, thread_count, with_thr
 from ..runtime.workspace import JacWorkspace, RhsScratch
 from ._common import Counters, Problem, bandwidths, build_programs, cell_options, csr_pattern, inputs
 
-__all__ = ["cvode", "ida", "SundialsProblem"]
+__all__ = ["cvode", "ida", "SundialsProblem", "MAX_STEPS"]
 
 _KRYLOV = {"cvode": ("spgmr", "spbcgs", "sptfqmr"), "ida": ("spgmr", "spbcg", "sptfqmr")}
 _DIRECT = ("dense", "lapackdense", "band", "lapackband")
 _AVAILABLE: dict = {}
+
+#: Default ``max_steps`` (SUNDIALS' step limit per output interval; its own
+#: default, 500, stops a one-hour chemistry box after ~1 h of model time at
+#: rtol 1e-4 with a state far off). A guard against runaway stepping, the
+#: same figure as the native leaf's per-call limit.
+MAX_STEPS = 100_000
 
 
 def available_linsolvers(kind: str) -> tuple:
@@ -336,14 +342,17 @@ class SundialsProblem(Problem):
         return out
 
     # -- running ---------------------------------------------------------------------
-    def solve(self, tout, y0=None, yp0=None):
+    def solve(self, tout, y0=None, yp0=None, *, allow_failure: bool = False):
         """``solver.solve(tout, y0[, yp0])`` (``tout[0]`` is the initial time);
         returns scikits.odes' ``SolverReturn`` (``flag``, ``values.t``,
         ``values.y``, ``message``...). An exception raised in a callback is
-        re-raised here."""
+        re-raised here. A solver that stops before ``tout[-1]`` raises
+        ``solver_failed`` (flag, SUNDIALS' message, the time reached; the
+        partial ``SolverReturn`` as ``exc.result``); ``allow_failure=True``
+        returns that result instead (its ``flag`` is negative)."""
         tout = np.asarray(tout, dtype=np.float64)
         y = np.array(self.y0 if y0 is None else y0, dtype=np.float64)
-        self._state.error = None
+        self._state.error = self._state.soft_error = None
         # One thread-count switch for the whole run (callbacks then find it set).
         if self.kind == "ida":
             yp = self.f(tout[0], y) if yp0 is None else np.array(yp0, dtype=np.float64)
@@ -354,7 +363,41 @@ class SundialsProblem(Problem):
         if err is not None:
             self._state.error = None
             raise err
+        if not allow_failure:
+            self._raise_if_short(res, tout)
         return res
+
+    def _raise_if_short(self, res, tout) -> None:
+        """``solver_failed`` when SUNDIALS stopped before the last output
+        time (a negative flag, or fewer outputs than asked for): never a
+        silently short state. The message gives SUNDIALS' flag and message,
+        the time reached and the step limit; ``exc.result`` is the
+        ``SolverReturn`` (the outputs that were reached)."""
+        t = np.asarray(getattr(res.values, "t", None) if res.values is not None else [], dtype=np.float64)
+        done = res.flag >= 0 and t.size == tout.size and t.size > 0 and t[-1] == tout[-1]
+        if done:
+            return
+        errs = getattr(res, "errors", None)
+        reached = getattr(errs, "t", None) if errs is not None else None
+        if reached is None or not np.isfinite(reached):
+            reached = float(t[-1]) if t.size else float(tout[0])
+        name = "CVODE" if self.kind == "cvode" else "IDA"
+        msg = (res.message or "").strip()
+        hint = ""
+        if "mxstep" in msg or "max_steps" in msg or "maximum number of steps" in msg.lower() \
+                or res.flag == -1:
+            hint = (f"; the step limit is max_steps={self.options.get('max_steps')} steps per output "
+                    "interval: raise it (cvode(..., max_steps=...)) or add output times")
+        soft = self._state.soft_error
+        if soft is not None:
+            hint += f"; the last recoverable callback failure: {soft}"
+        exc = JacError("solver_failed",
+                       f"{name} stopped at t = {float(reached):.6g} before the last output time "
+                       f"{float(tout[-1]):.6g} (flag {res.flag}: {msg or 'no message'}){hint}; "
+                       f"{t.size} of {tout.size} outputs reached (exc.result holds them; "
+                       "solve(..., allow_failure=True) returns the result instead)")
+        exc.result = res
+        raise exc
 
     def _ida_solve(self, tout, y, yp):
         """IDA over ``tout``, counting its internal steps.
@@ -372,13 +415,20 @@ class SundialsProblem(Problem):
                 return r
             ts, ys, yps = [float(tout[0])], [np.array(r.values.y)], [np.array(r.values.ydot)]
             steps = 0
+            limit = int(self.options.get("max_steps") or MAX_STEPS)
             for T in tout[1:]:
                 s.set_options(tstop=float(T))
+                taken = 0
                 while True:
+                    if taken >= limit:  # one-step mode: SUNDIALS' own limit counts one step per call
+                        r = r._replace(flag=-1, message=f"too many steps: max_steps={limit} taken "
+                                       f"before tout = {float(T):g}")
+                        break
                     r = s.step(float(T))
                     if r.flag < 0:
                         break
                     steps += 1
+                    taken += 1
                     if r.flag != 0:         # 1: reached the stopping time
                         break
                 if r.flag < 0:
@@ -454,6 +504,7 @@ class _State:
     jv_ready: bool = False
     steps: int = 0                 # IDA steps counted by solve() (scikits.odes reports none)
     error: BaseException | None = None
+    soft_error: BaseException | None = None   # the last recoverable callback failure
     pc: Any = None                 # the preconditioner, when one is used
 
     @classmethod
@@ -466,12 +517,26 @@ class _State:
 
 def _guard(st: _State, fn):
     """Keep a callback's exception (scikits.odes would swallow it) and
-    report an unrecoverable failure (-1) to SUNDIALS instead."""
-    nthreads = st.threads
+    report an unrecoverable failure (-1) to SUNDIALS instead.
+
+    The thread count is read from ``st`` at each call, not when the guard is
+    made: ``threads="auto"`` above ``runtime.threads.SERIAL_BELOW`` unknowns is decided
+    (measured) only after the callbacks exist."""
 
     def call(*args):
         try:
-            rc = with_threads(nthreads, fn, *args)
+            rc = with_threads(st.threads, fn, *args)
+        except JacError as exc:
+            if exc.code == "evaluation_error":
+                # A non-finite value at a trial state (a Newton iterate far
+                # off, an overflow): recoverable, SUNDIALS retries with a
+                # smaller step; named by solve() only if the solve fails.
+                st.soft_error = exc
+                st.counters.nrecoverable += 1
+                return 1
+            if st.error is None:
+                st.error = exc
+            return -1
         except Exception as exc:        # noqa: BLE001 - re-raised by solve()
             if st.error is None:
                 st.error = exc
@@ -550,6 +615,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         j.apply(plan, st.ws_jv, np.ascontiguousarray(v), Jv)
 
     opts = dict(options)
+    opts.setdefault("max_steps", MAX_STEPS)
     opts.update(rtol=rtol, atol=atol, linsolver=linsolver, old_api=False)
     fns: dict = {}
     if kind == "cvode":
@@ -781,7 +847,9 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
         qualified always; the build option ``per_lane`` says the same.
     **options
         Passed to scikits.odes (``max_steps``, ``maxl``, ``lmm_type``,
-        ``max_step_size``...).
+        ``max_step_size``...). ``max_steps`` (SUNDIALS' step limit per
+        output interval) defaults to :data:`MAX_STEPS` (100,000) instead of
+        SUNDIALS' 500; a solve that stops early raises ``solver_failed``.
 
     Returns
     -------
