@@ -61,18 +61,22 @@ CHECK_EXIT = {0: "the Jacobian agrees with finite differences at every point",
               1: "a mismatch, or an entry finite differences see outside the stored pattern",
               2: "the document or an option was refused (a typed esmjac error on stderr)",
               3: "an internal error (a bug: rerun with --debug for the traceback)",
-              4: "nothing to check: the document has no ODE states"}
+              4: "nothing to check: the document has no ODE states",
+              5: "the right-hand side or the Jacobian is non-finite at the document's own state "
+                 "or at a sampled point (the species and the term are named)"}
 
 
 def cmd_check(args) -> int:
     from .reference.check import fd_check
     rep = fd_check(args.file, model=args.model, points=args.points, lo=args.lo, hi=args.hi,
-                   rtol=args.rtol, seed=args.seed)
+                   rtol=args.rtol, atol=args.atol, seed=args.seed)
     print(rep.summary())
     for r, c, v in rep.uncovered[:10]:
         print(f"  uncovered: d {r} / d {c} = {v:.6g} (finite differences; not in the stored pattern)")
     if rep.nothing_to_check:
         return 4
+    if rep.nonfinite:
+        return 5
     return 0 if rep.ok else 1
 
 
@@ -196,6 +200,8 @@ def main(argv: list | None = None) -> int:
                    help="sampled states (default 3: perturbations of 0.02, 0.5 and 1 decade)")
     p.add_argument("--rtol", type=float, default=1e-5,
                    help="relative tolerance per entry, on top of the round-off floor (default 1e-5)")
+    p.add_argument("--atol", type=float, default=0.0,
+                   help="absolute tolerance per entry, on top of the round-off floor (default 0)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the sampled states")
     p.add_argument("--lo", type=float, default=None,
                    help="with --hi: draw states uniformly from [lo, hi] instead")

@@ -149,3 +149,60 @@ def test_check_help_documents_its_options(capsys):
     out = capsys.readouterr().out
     for word in ("--model", "--points", "--rtol", "exit codes", "nothing to check"):
         assert word in out
+
+
+def test_a_too_loose_tolerance_passes_and_says_what_it_was_held_to(monkeypatch):
+    """A 1e-3 relative error passes at rtol=1e-2 (and the summary says it
+    was held to 1e-2, names the entry, both values and the tolerance), fails
+    at the default 1e-5, and passes again under a large enough atol."""
+    _sabotaged(monkeypatch, ".O3[2]", ".O[2]", 1.0 + 1e-3)
+    loose = fd_check(chapman(), points=1, rtol=1e-2)
+    assert loose.ok and loose.mismatches == 0
+    text = loose.summary()
+    assert text.startswith("OK") and "rtol=0.01" in text and "atol=0" in text
+    assert f"{loose.compared} entries compared" in text and loose.compared >= loose.nnz
+    row, col, exact, fd, rel = loose.worst
+    assert ".O3[2]" in row and col.endswith(".O[2]")     # the sabotaged entry is the closest to failing
+    d, tol, rpart, apart, floor = loose.worst_tolerance
+    assert d == pytest.approx(abs(exact - fd)) and tol == pytest.approx(rpart + apart + floor)
+    assert rpart == pytest.approx(1e-2 * max(abs(exact), abs(fd)))
+    assert d < tol and f"{exact:.6e}" in text and f"{tol:.3e}" in text
+    strict = fd_check(chapman(), points=1)
+    assert not strict.ok and "MISMATCH" in strict.summary() and "rtol=1e-05" in strict.summary()
+    absolute = fd_check(chapman(), points=1, atol=10 * d)
+    assert absolute.ok and f"atol={10 * d:g}" in absolute.summary()
+    with pytest.raises(JacError) as e:
+        fd_check(chapman(), points=1, atol=-1.0)
+    assert e.value.code == "bad_option"
+
+
+def _nonfinite_doc() -> dict:
+    """Z is a species whose document value is 0 and the rate of A -> B is
+    k / Z with k = 0 as well: 0/0 at the document's own state only (the
+    sampled states give Z a non-zero value)."""
+    from esmjac.models.mechanism import box, mechanism_doc
+    rx = [{"id": "R1", "reactants": ["A"], "products": {"B": 1}, "rate": {"op": "/", "args": ["k", "Z"]}},
+          {"id": "R2", "reactants": ["B"], "products": {"A": 1, "Z": 1}, "rate": "k2"},
+          {"id": "R3", "reactants": ["Z"], "products": {}, "rate": "k2"}]
+    return box(mechanism_doc("M", {"A": 1.0, "B": 2.0, "Z": 0.0}, {"k": 0.0, "k2": 1.0}, rx, 1))
+
+
+def test_a_non_finite_document_state_fails_naming_species_and_rate(tmp_path, capsys):
+    import earthsci_ast as ea
+    doc = _nonfinite_doc()
+    # the oracle agrees: earthsci_ast refuses the derivatives at the document's state
+    flat = ea.flatten(ea.load_string(json.dumps(doc)))
+    with pytest.raises(Exception, match="(?i)non-finite"):
+        ea.evaluate_rhs(flat, {"M.A": 1.0, "M.B": 2.0, "M.Z": 0.0}, 0.0, {})
+    rep = fd_check(doc, points=2)
+    assert not rep.ok and rep.nonfinite
+    assert rep.mismatches == 0                          # the sampled points themselves agree
+    text = rep.summary()
+    assert text.startswith("NON-FINITE")
+    assert any("RHS of M.A" in s and "M.k / M.Z" in s and "M.Z = 0" in s for s in rep.nonfinite), rep.nonfinite
+    assert any("RHS of M.B" in s for s in rep.nonfinite)
+    f = tmp_path / "nf.esm"
+    f.write_text(json.dumps(doc))
+    assert main(["check", str(f), "--points", "1"]) == 5
+    out = capsys.readouterr().out
+    assert out.startswith("NON-FINITE") and "M.k / M.Z" in out

@@ -24,8 +24,16 @@ radical), so nothing here is absolute:
   summed (for mass action each term is a rate times its reactants, which is
   what ``J_ik y_k`` measures). Divided by the step that noise bounds what a
   difference quotient can resolve, so entry ``(i, j)`` passes when
-  ``|J_ij − FD_ij| ≤ rtol·max(|J_ij|, |FD_ij|) + 10·ε·T_i / h_j``. An entry
-  FD sees above that floor outside the stored pattern is *uncovered*.
+  ``|J_ij − FD_ij| ≤ rtol·max(|J_ij|, |FD_ij|) + atol + 10·ε·T_i / h_j``. An
+  entry FD sees above that floor outside the stored pattern is *uncovered*.
+  The report counts the entries compared and names the worst one (both
+  values, the difference and the tolerance it was held to, split into its
+  parts), so a verdict always says what it was relative to.
+* **Finiteness.** The right-hand side and the Jacobian are evaluated at the
+  document's own state (its defaults, unperturbed) first: a non-finite value
+  there fails the check, naming the species and the innermost non-finite
+  term of its rate (``k_mt1 / SALAAL = 0/0``); so does a non-finite value at
+  any sampled point.
 """
 from __future__ import annotations
 
@@ -54,9 +62,13 @@ class FDReport:
     """Worst disagreement over the checked points, and any uncovered entries.
 
     ``worst`` is ``(row, column, exact, fd, relative error)`` of the entry
-    closest to (or furthest past) its tolerance; ``ok`` is False on any
-    mismatch or uncovered entry. A model without ODE states has nothing to
-    check: ``nothing_to_check`` is True (and ``ok`` stays True: nothing failed).
+    closest to (or furthest past) its tolerance; ``worst_tolerance`` is
+    ``(|exact − fd|, tolerance, rtol part, atol, round-off floor)`` of that
+    entry. ``compared`` counts the entries given a verdict (stored entries
+    and entries finite differences resolve, at every point). ``ok`` is False
+    on any mismatch, uncovered entry or non-finite value (``nonfinite``: what
+    was non-finite, where, in words). A model without ODE states has nothing
+    to check: ``nothing_to_check`` is True (and ``ok`` stays True: nothing failed).
     """
 
     n_states: int
@@ -69,6 +81,12 @@ class FDReport:
     worst: tuple | None = None
     mismatches: int = 0
     sampling: str = "around the document's state"
+    rtol: float = 1e-5
+    atol: float = 0.0
+    compared: int = 0
+    worst_tolerance: tuple | None = None
+    largest_rel: tuple | None = None
+    nonfinite: list = field(default_factory=list)
 
     @property
     def nothing_to_check(self) -> bool:
@@ -77,18 +95,35 @@ class FDReport:
     def summary(self) -> str:
         if self.nothing_to_check:
             return "nothing to check: no ODE states (the document integrates no state variables)"
-        verdict = "OK" if self.ok else "MISMATCH"
+        verdict = "NON-FINITE" if self.nonfinite else ("OK" if self.ok else "MISMATCH")
         out = (f"{verdict}: {self.n_states} states, {self.nnz} stored entries, {self.points} point(s) "
-               f"{self.sampling}")
+               f"{self.sampling}; {self.compared} entries compared, each held to "
+               f"rtol*max(|exact|, |fd|) + atol + its round-off floor (rtol={self.rtol:g}, atol={self.atol:g})")
         if self.worst is not None:
             r, c, a, f, rel = self.worst
-            what = "furthest outside tolerance" if self.mismatches else "largest relative error"
-            out += (f"; {what} {rel:.1e} at d {r} / d {c} (exact {a:.6e}, "
-                    f"finite differences {f:.6e})")
+            what = "furthest outside tolerance" if self.mismatches else "closest to its tolerance"
+            out += (f"; {what}: d {r} / d {c} (exact {a:.6e}, finite differences {f:.6e}, relative "
+                    f"error {rel:.1e}")
+            if self.worst_tolerance is not None:
+                d, tol, rpart, apart, floor = self.worst_tolerance
+                out += (f"; |difference| {d:.3e} {'>' if d > tol else '<='} tolerance {tol:.3e} = "
+                        f"rtol part {rpart:.3e} + atol {apart:.3e} + round-off floor {floor:.3e}")
+            out += ")"
+        if self.largest_rel is not None:
+            r, c, a, f, rel = self.largest_rel
+            if self.worst is not None and self.largest_rel[:2] == self.worst[:2]:
+                out += f"; largest relative error {rel:.1e} (that entry)"
+            else:
+                out += (f"; largest relative error {rel:.1e} at d {r} / d {c} (exact {a:.6e}, finite "
+                        f"differences {f:.6e})")
         if self.mismatches:
             out += f"; {self.mismatches} entries outside tolerance"
         if self.uncovered:
             out += f"; {len(self.uncovered)} FD entries outside the stored pattern"
+        for line in self.nonfinite[:10]:
+            out += f"\n  non-finite: {line}"
+        if len(self.nonfinite) > 10:
+            out += f"\n  ... and {len(self.nonfinite) - 10} more non-finite values"
         return out
 
 
@@ -127,28 +162,170 @@ def _reference_state(view, states: list) -> tuple:
     return np.concatenate(ref), np.concatenate(scale)
 
 
+def _doc_state(view, states: list):
+    """The document's own state in ``element_names`` order, or None when it
+    gives no usable one."""
+    try:
+        pt = resolve_point(view, None, None, 0.0, states)
+    except JacError:
+        return None
+    return np.concatenate([np.ravel(np.asarray(pt.values[s], dtype=float)) for s in states])
+
+
+def _num(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x
+
+
+def _bindings(flat, names, y) -> dict:
+    """Scalar values of every name an equation may read at state ``y``:
+    the states, the parameters' defaults and (evaluated in dependency
+    order, as far as they go) the algebraic/observed definitions."""
+    import earthsci_ast as ea
+    b = {n: float(v) for n, v in zip(names, y)}
+    for name, var in dict(getattr(flat, "parameters", {}) or {}).items():
+        v = _num(getattr(var, "default", None))
+        if v is not None and name not in b:
+            b[name] = v
+    b.setdefault("t", 0.0)
+    algebraic = [(e.lhs, e.rhs) for e in flat.equations if isinstance(e.lhs, str)]
+    for _ in range(len(algebraic)):
+        grew = False
+        for lhs, rhs in algebraic:
+            if lhs in b:
+                continue
+            try:
+                b[lhs] = float(ea.evaluate(rhs, b))
+                grew = True
+            except Exception:           # noqa: BLE001 - an unbound name: later, or never
+                continue
+        if not grew:
+            break
+    return b
+
+
+def _origin(expr, b: dict):
+    """(text, operand values) of the innermost sub-expression of ``expr``
+    that is non-finite at bindings ``b`` while its operands are finite;
+    None when ``expr`` is finite there (or cannot be evaluated)."""
+    import earthsci_ast as ea
+
+    def value(e):
+        if isinstance(e, (int, float)):
+            return float(e)
+        if isinstance(e, str):
+            return b.get(e)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                return float(ea.evaluate(e, b))
+            except (ZeroDivisionError, OverflowError):
+                return float("nan")
+            except Exception:           # noqa: BLE001 - not a scalar this evaluator knows
+                return None
+
+    v = value(expr)
+    if v is None or np.isfinite(v):
+        return None
+    node = expr
+    while True:
+        kids = [a for a in (getattr(node, "args", None) or []) if not isinstance(a, (int, float))]
+        bad = None
+        for k in kids:
+            kv = value(k)
+            if kv is not None and not np.isfinite(kv):
+                bad = k
+                break
+        if bad is None or isinstance(bad, str):
+            break
+        node = bad
+    try:
+        text = ea.to_ascii(node)
+    except Exception:                   # noqa: BLE001
+        text = str(node)
+    ops = {a: b[a] for a in (getattr(node, "args", None) or []) if isinstance(a, str) and a in b}
+    return text, ops
+
+
+def _nonfinite_at_document_state(bs, view, flat, names: list, states: list) -> list:
+    """What is non-finite at the document's own state: RHS rows (naming the
+    innermost non-finite term of each equation) and Jacobian entries."""
+    y = _doc_state(view, states)
+    if y is None or y.shape[0] != len(names):
+        return []
+    out = []
+    try:
+        f = rhs_vector(flat, names, y, 0.0)
+        bad_rows = [names[i] for i in np.flatnonzero(~np.isfinite(f))]
+        failed = bool(bad_rows)
+    except Exception:                   # noqa: BLE001 - earthsci_ast refuses non-finite derivatives
+        bad_rows, failed = [], True
+    if failed:
+        b = _bindings(flat, names, y)
+        named = set()
+        for e in flat.equations:
+            lhs = e.lhs
+            if isinstance(lhs, str) or getattr(lhs, "op", None) != "D":
+                continue
+            sp = lhs.args[0]
+            hit = _origin(e.rhs, b)
+            if hit is None:
+                continue
+            text, ops = hit
+            vals = ", ".join(f"{k} = {v:.6g}" for k, v in ops.items())
+            out.append(f"the RHS of {sp} at the document's state: {text} is non-finite"
+                       + (f" ({vals})" if vals else ""))
+            named.add(sp)
+        for sp in bad_rows:
+            if sp not in named:
+                out.append(f"the RHS of {sp} is non-finite at the document's state")
+        if not out:
+            out.append("the RHS is non-finite at the document's state (earthsci_ast: non-finite "
+                       "derivatives)")
+    try:
+        a = assemble(bs, u=dict(zip(names, y)), t=0.0)
+    except JacError as exc:
+        if exc.code != "evaluation_error":
+            raise
+        out.append(f"the Jacobian at the document's state: {exc.message}")
+        return out
+    m = a.matrix.tocoo()
+    for k in np.flatnonzero(~np.isfinite(m.data))[:10]:
+        out.append(f"the Jacobian entry d {a.rows[m.row[k]]} / d {a.cols[m.col[k]]} = {m.data[k]} "
+                   "at the document's state")
+    return out
+
+
 @typed_errors
 def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0,
-             rtol: float = 1e-5, lo: float | None = None, hi: float | None = None) -> FDReport:
+             rtol: float = 1e-5, atol: float = 0.0, lo: float | None = None,
+             hi: float | None = None) -> FDReport:
     """Compare the assembled Jacobian with central differences of
     ``earthsci_ast.evaluate_rhs`` at ``points`` states (parameters at their
     defaults); see the module docstring for where, with which steps and to
-    what tolerance. ``lo``/``hi`` (both or neither) sample uniformly from
-    [lo, hi] instead of around the document's state."""
+    what tolerance (``rtol``, ``atol``). The RHS and the Jacobian must be
+    finite at the document's own state. ``lo``/``hi`` (both or neither)
+    sample uniformly from [lo, hi] instead of around the document's state."""
     if (lo is None) != (hi is None):
         raise JacError("bad_option", "give both lo and hi (a uniform range) or neither "
                        "(sample around the document's state)")
     if points < 1:
         raise JacError("bad_option", f"points must be >= 1, not {points}")
+    if not (rtol >= 0 and atol >= 0 and np.isfinite(rtol) and np.isfinite(atol)):
+        raise JacError("bad_option", f"rtol and atol must be finite and >= 0, not {rtol!r}, {atol!r}")
     bs = source if isinstance(source, BandSet) else BandSet.build(source, model, "states")
     view = bs.view
     states = ode_states(view)
     names = element_names(view, states)
     n = len(names)
-    rep = FDReport(n, 0, points)
+    rep = FDReport(n, 0, points, rtol=float(rtol), atol=float(atol))
     if n == 0:          # nothing is integrated: there is no Jacobian to check
         return rep
     flat = _flat(view)
+    rep.nonfinite.extend(_nonfinite_at_document_state(bs, view, flat, names, states))
     rng = np.random.default_rng(seed)
     ref, scale = _reference_state(view, states)
     if lo is not None:
@@ -156,7 +333,7 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
         scale = np.full(n, max(abs(lo), abs(hi), 1e-300))
     else:
         rep.sampling = "around the document's state"
-    pick = [(-1.0, None), (-1.0, None)]        # (score, entry): failing, largest relative
+    pick = [(-1.0, None, None), (-1.0, None, None)]   # (score, entry, tolerance): failing/closest, largest relative
     for k in range(points):
         if lo is not None:
             y = rng.uniform(lo, hi, n)
@@ -165,7 +342,13 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
             base = np.where(ref != 0.0, ref, scale)
             y = base * 10.0 ** (m * rng.uniform(-1.0, 1.0, n))
         t = 0.0 if k == 0 else float(rng.uniform(0.0, 1.0))
-        a = assemble(bs, u=dict(zip(names, y)), t=t)
+        try:
+            a = assemble(bs, u=dict(zip(names, y)), t=t)
+        except JacError as exc:
+            if exc.code != "evaluation_error":
+                raise
+            rep.nonfinite.append(f"the Jacobian at sampled point {k + 1}: {exc.message}")
+            continue
         if a.rows != names:
             raise JacError("evaluation_error", "the assembled rows are not in evaluate_rhs's order")
         J = a.matrix.toarray()
@@ -175,38 +358,58 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
         rep.nnz = int(a.matrix.nnz)
         F = np.empty((n, n))
         h = np.empty(n)
-        for j in range(n):
-            hj = _STEP * max(abs(y[j]), scale[j])
-            yp, ym = y.copy(), y.copy()
-            yp[j] += hj
-            ym[j] -= hj
-            hj = 0.5 * (yp[j] - ym[j])              # the step actually taken
-            h[j] = hj
-            F[:, j] = (rhs_vector(flat, names, yp, t) - rhs_vector(flat, names, ym, t)) / (2 * hj)
-        f0 = rhs_vector(flat, names, y, t)
+        try:
+            for j in range(n):
+                hj = _STEP * max(abs(y[j]), scale[j])
+                yp, ym = y.copy(), y.copy()
+                yp[j] += hj
+                ym[j] -= hj
+                hj = 0.5 * (yp[j] - ym[j])              # the step actually taken
+                h[j] = hj
+                F[:, j] = (rhs_vector(flat, names, yp, t) - rhs_vector(flat, names, ym, t)) / (2 * hj)
+            f0 = rhs_vector(flat, names, y, t)
+        except Exception as exc:        # noqa: BLE001 - earthsci_ast: non-finite derivatives
+            if type(exc).__module__.split(".")[0] != "earthsci_ast":
+                raise
+            rep.nonfinite.append(f"the RHS (earthsci_ast) at sampled point {k + 1}: {exc}")
+            continue
+        badJ = ~np.isfinite(J)
+        if badJ.any():
+            for i, j in list(zip(*np.nonzero(badJ)))[:5]:
+                rep.nonfinite.append(f"the Jacobian entry d {names[i]} / d {names[j]} = {J[i, j]} at "
+                                     f"sampled point {k + 1}")
+            J = np.where(badJ, 0.0, J)
         terms = np.abs(f0) + np.abs(J) @ np.abs(y)          # size of what each row sums
         floor = _NOISE * _EPS * terms[:, None] / h[None, :]
         mag = np.maximum(np.abs(J), np.abs(F))
         err = np.abs(J - F)
-        tol = rtol * mag + floor
+        tol = rtol * mag + atol + floor
         rep.max_abs_err = max(rep.max_abs_err, float(err.max(initial=0.0)))
-        significant = mag > floor
+        significant = mag > floor + atol
         rel = np.where(significant, err / np.where(mag > 0, mag, 1.0), 0.0)
         rep.max_rel_err = max(rep.max_rel_err, float(rel.max(initial=0.0)))
-        ratio = np.where(P | significant, err / np.where(tol > 0, tol, 1.0), 0.0)
+        considered = P | significant
+        rep.compared += int(considered.sum())
+        ratio = np.where(considered, err / np.where(tol > 0, tol, 1.0), -1.0)
         bad = P & (err > tol)
-        # Name the entry a reader should look at: the one furthest past its
-        # tolerance when something fails, else the largest relative error.
-        for key, slot, only in ((ratio, 0, bad), (rel, 1, None)):
-            masked = key if only is None else np.where(only, key, -1.0)
-            i, j = np.unravel_index(int(np.argmax(masked)), masked.shape)
-            if masked[i, j] >= 0 and masked[i, j] > pick[slot][0]:
-                pick[slot] = (float(masked[i, j]),
-                              (names[i], names[j], float(J[i, j]), float(F[i, j]), float(rel[i, j])))
+        # Name the entry a reader should look at: the one furthest past (or
+        # closest to) its tolerance, and the largest relative error.
+        for key, slot in ((ratio, 0), (rel, 1)):
+            i, j = np.unravel_index(int(np.argmax(key)), key.shape)
+            if key[i, j] >= 0 and key[i, j] > pick[slot][0]:
+                pick[slot] = (float(key[i, j]),
+                              (names[i], names[j], float(J[i, j]), float(F[i, j]), float(rel[i, j])),
+                              (float(err[i, j]), float(tol[i, j]), float(rtol * mag[i, j]), float(atol),
+                               float(floor[i, j])))
         rep.mismatches += int(bad.sum())
         for i, j in zip(*np.nonzero(~P & (np.abs(F) > tol))):
             rep.uncovered.append((names[i], names[j], float(F[i, j])))
         if bad.any() or rep.uncovered:
             rep.ok = False
-    rep.worst = pick[0][1] or pick[1][1]
+    rep.worst, rep.worst_tolerance = pick[0][1], pick[0][2]
+    rep.largest_rel = pick[1][1]
+    if rep.worst is None:
+        rep.worst = pick[1][1]
+    if rep.nonfinite:
+        rep.ok = False
     return rep
