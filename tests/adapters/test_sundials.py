@@ -428,6 +428,7 @@ def test_default_step_limit_is_for_chemistry(y0, reference):
 
 
 @needs_odes
+@pytest.mark.slow
 def test_cvode_above_the_serial_threshold_with_default_threads(y0, reference):
     """More than 20,000 unknowns with threads="auto": the thread count is
     measured after the callbacks are made (it used to reach numba as the
@@ -451,3 +452,30 @@ def test_cvode_above_the_serial_threshold_with_default_threads(y0, reference):
     want = reference[1].reshape(ns, 8)
     for k in (0, 1, reps - 1):
         assert _rel(got[:, 8 * k:8 * (k + 1)], want) < 1e-3
+
+
+@needs_odes
+@pytest.mark.parametrize("make", [sundials.cvode, sundials.ida])
+def test_nonnegative_reads_negative_states_as_zero(make, y0):
+    """nonnegative=True: the callbacks evaluate the RHS at max(y, 0) in a
+    copy, never touching the solver's y; off by default."""
+    y = y0.copy()
+    y[::7] *= -1.0
+    want_clipped = ivp(TROPO, forcing={"fj": FJ}, y0=y0).fun(0.0, np.maximum(y, 0.0))
+    want_raw = ivp(TROPO, forcing={"fj": FJ}, y0=y0).fun(0.0, y)
+    assert not np.allclose(want_clipped, want_raw)
+    for kw, want in ((dict(nonnegative=True), want_clipped), (dict(), want_raw)):
+        prob = make(TROPO, forcing={"fj": FJ}, y0=y0, **kw)
+        seen = y.copy()
+        out = np.empty_like(y)
+        if make is sundials.cvode:
+            assert prob.rhsfn(0.0, seen, out) == 0
+        else:
+            assert prob.resfn(0.0, seen, np.zeros_like(y), out) == 0
+            out = -out                              # F = y' - f with y' = 0
+        np.testing.assert_array_equal(seen, y)      # the solver's state is untouched
+        np.testing.assert_allclose(out, want, rtol=1e-13)
+        assert prob.counters()["nnegative"] == (1 if kw else 0)
+    with pytest.raises(JacError) as exc:
+        make(TROPO, nonnegative=None)
+    assert exc.value.code == "bad_option"

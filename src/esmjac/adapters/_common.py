@@ -223,6 +223,7 @@ class Counters:
     npeval: int = 0            # Jacobian evaluations by the preconditioner
     npsolve: int = 0           # preconditioner solves
     nrecoverable: int = 0      # callbacks that reported a recoverable failure (a non-finite value)
+    nnegative: int = 0         # RHS calls that read a negative state as 0 (sundials nonnegative)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -548,7 +548,7 @@ def _guard(st: _State, fn):
 
 
 def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, forcing, y0,
-           axis, precond_type, jtimes, threads, build_options, options) -> SundialsProblem:
+           axis, precond_type, jtimes, threads, build_options, options, nonnegative=False) -> SundialsProblem:
     ode, dae = _odes()
 
     krylov = _KRYLOV[kind]
@@ -614,6 +614,18 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         Jv.fill(0.0)
         j.apply(plan, st.ws_jv, np.ascontiguousarray(v), Jv)
 
+    clip = _nonnegative(nonnegative)
+    ybuf = np.empty(n)
+
+    def clipped(y):
+        """``y``, or a copy with its negative values read as 0 (``nonnegative``)."""
+        if not clip or np.shape(y) != (n,):
+            return y                        # (a wrong length: the RHS call refuses it)
+        if y.min() >= 0.0:
+            return y
+        st.counters.nnegative += 1
+        return np.maximum(y, 0.0, out=ybuf)
+
     opts = dict(options)
     opts.setdefault("max_steps", MAX_STEPS)
     opts.update(rtol=rtol, atol=atol, linsolver=linsolver, old_api=False)
@@ -621,7 +633,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     if kind == "cvode":
         def rhsfn(t, y, ydot):
             st.counters.nfev += 1
-            run_f(y, pv, t, fv, ydot)
+            run_f(clipped(y), pv, t, fv, ydot)
             return 0
         fns["rhsfn"] = _guard(st, rhsfn)
     else:
@@ -629,7 +641,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
 
         def resfn(t, y, yp, result):
             st.counters.nfev += 1
-            run_f(y, pv, t, fv, tmp)
+            run_f(clipped(y), pv, t, fv, tmp)
             np.subtract(yp, tmp, out=result)
             return 0
         fns["resfn"] = _guard(st, resfn)
@@ -744,6 +756,27 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     return prob
 
 
+def _nonnegative(nonnegative) -> bool:
+    """Whether the RHS reads negative states as 0 (``nonnegative=True``).
+
+    SUNDIALS' advice on unphysical negative values (CVODE guide, "Advice on
+    controlling unphysical negative values"): tighter absolute tolerances
+    first; else the right-hand side may replace a negative value by zero in
+    a temporary copy (never in the solver's ``y``). In chemistry a negative
+    radical feeds itself through its own quadratic loss (``d HO2/dt =
+    -2k HO2²`` stays negative for HO2 < 0) and runs to −∞. Measured on
+    SuperFast over 100 heterogeneous cells, rtol 1e-4 (benchmarks/
+    cvode_hetero.py): atol 1e-9 ppb stops CVODE at t ≈ 10 s (835 error-test
+    failures in 1,802 steps, then the RHS at −inf in HO2; SciPy BDF stops
+    too), with ``nonnegative=True`` it reaches the end but 3.7e3 off the
+    Radau reference (relative, 1e-6 ppb floor: negative values sit inert);
+    atol 1e-12 solves it (1.1e-4 off) without, in 321 steps, and with it in
+    601 steps (2.4e-4 off). So it is off by default."""
+    if not isinstance(nonnegative, (bool, np.bool_)):
+        raise JacError("bad_option", f"nonnegative must be True or False, not {nonnegative!r}")
+    return bool(nonnegative)
+
+
 def _choose(kind, linsolver, precond, jtimes, j, n, jacobian) -> tuple:
     """``linsolver="auto"``: (linsolver, precond, jtimes, the reason in words).
 
@@ -800,8 +833,8 @@ def _warm(prob: "SundialsProblem", fns: dict) -> None:
 
 def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
           atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
-          jtimes="newton", threads="auto", build_options=None, per_cell=None,
-          **options) -> SundialsProblem:
+          jtimes="newton", threads="auto", nonnegative=False, build_options=None,
+          per_cell=None, **options) -> SundialsProblem:
     """A CVODE (BDF, Newton) solver for ``source`` with esmjac's exact Jacobian.
 
     Parameters
@@ -839,6 +872,10 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
         Numba threads of every callback, as in ``ivp`` (``"auto"``
         measures one thread against Numba's count at build time on
         problems above 20,000 unknowns).
+    nonnegative : bool
+        True: the right-hand side reads negative states as 0 (in a copy;
+        see :func:`_nonnegative`). Off by default (it costs steps where
+        the tolerances already keep concentrations in check).
     build_options : dict, optional
         Options of ``RhsProgram.build``/``JacobianProgram.build``.
     per_cell : list or tuple of str, optional
@@ -859,12 +896,14 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
     return _build("cvode", source, model=model, linsolver=linsolver, precond=precond,
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
                   precond_type=precond_type, jtimes=jtimes, threads=threads,
-                  build_options=cell_options(build_options, per_cell, "build_options"), options=options)
+                  build_options=cell_options(build_options, per_cell, "build_options"), options=options,
+                  nonnegative=nonnegative)
 
 
 def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
         atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
-        threads="auto", build_options=None, per_cell=None, **options) -> SundialsProblem:
+        threads="auto", nonnegative=False, build_options=None, per_cell=None,
+        **options) -> SundialsProblem:
     """An IDA solver for the residual ``F(t, y, ẏ) = ẏ − f(t, y)`` of ``source``.
 
     ``jacfn`` (dense) fills ``cj I − ∂f/∂y``; Krylov solvers
@@ -873,7 +912,7 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
 
     Parameters
     ----------
-    source, model, jacobian, rtol, atol, p, forcing, y0, axis, threads, build_options, per_cell
+    source, model, jacobian, rtol, atol, p, forcing, y0, axis, threads, nonnegative, build_options, per_cell
         As in :func:`cvode`.
     linsolver : str
         ``"auto"`` (default, ``"dense"``: see ``precond``), ``"dense"``,
@@ -884,7 +923,8 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
     precond_type : str
         As in :func:`cvode` (unused without a preconditioner).
     **options
-        Passed to scikits.odes.
+        Passed to scikits.odes (``max_steps`` defaults to :data:`MAX_STEPS`,
+        counted by :meth:`SundialsProblem.solve`'s one-step loop).
 
     Returns
     -------
@@ -894,7 +934,8 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
     return _build("ida", source, model=model, linsolver=linsolver, precond=precond,
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
                   precond_type=precond_type, jtimes="newton", threads=threads,
-                  build_options=cell_options(build_options, per_cell, "build_options"), options=options)
+                  build_options=cell_options(build_options, per_cell, "build_options"), options=options,
+                  nonnegative=nonnegative)
 
 
 # ---------------------------------------------------------------------------
