@@ -509,3 +509,59 @@ def test_an_unsafe_secret_is_not_used(tmp_path, monkeypatch, how):
     with pytest.warns(RuntimeWarning, match="cannot use its signing secret"):
         key = C._signing_key()
     assert key != b"k" * 32 and len(key) == 32
+
+
+_EVAL_WARNED = """
+import warnings as _w
+import numpy as np
+from scipy.sparse import csr_array
+from esmjac.runtime.programs import JacobianProgram, RhsProgram
+from esmjac.layouts import Csr
+with _w.catch_warnings(record=True) as seen:
+    _w.simplefilter("always")
+    R = RhsProgram.build(DOC)
+    J = JacobianProgram.build(DOC)
+    plan = J.plan(Csr())
+    ws = J.new_workspace()
+    n = J.u_size(ws.lanes)
+    u = np.linspace(1.0, 2.0, n)
+    out = np.zeros(plan.out_size(ws.lanes))
+    J.eval_into(plan, u, J.p0, 0.0, None, out, ws)
+    f = np.zeros(n)
+    R.eval_into(u, R.p0, 0.0, None, f)
+print("RESULT " + json.dumps({"J": csr_array((out, plan.indices, plan.indptr), shape=(n, n)).toarray().tolist(),
+                              "f": f.tolist(), "warned": [str(m.message) for m in seen
+                                                          if "Numba's cache file" in str(m.message)]}))
+"""
+
+
+@pytest.mark.slow
+def test_every_numba_cache_file_truncated_is_purged_with_a_warning(tmp_path):
+    """Issue #22 item 5: truncate every Numba index and data file (the
+    kernels' beside the cache folder and esmjac's own helpers' under
+    NUMBA_CACHE_DIR, as a full disk or a killed writer leaves them): the next
+    build warns naming each unreadable file, removes it and recompiles, with
+    the right values; the one after is clean."""
+    doc = chem(cells=CELLS)
+    doc["models"]["M"]["variables"]["k1"]["default"] = 0.45        # kernels of its own
+    path = tmp_path / "chem.esm"
+    path.write_text(json.dumps(doc))
+    cache, nb = tmp_path / "cache", tmp_path / "numba"
+    env = {"NUMBA_CACHE_DIR": str(nb)}
+    code = f"DOC = {str(path)!r}\n" + _EVAL_WARNED
+    first = run_child(code, cache, env=env)
+    files = [f for d in (cache, nb) for f in d.rglob("*") if f.suffix in (".nbi", ".nbc")]
+    assert any(f.suffix == ".nbi" for f in files) and any(f.suffix == ".nbc" for f in files)
+    for f in files:
+        data = f.read_bytes()
+        f.write_bytes(data[: len(data) // 2])
+    again = run_child(code, cache, env=env)
+    u = np.linspace(1.0, 2.0, 2 * CELLS)
+    assert np.allclose(again["J"], _hand(0.45, 2.0), rtol=1e-14, atol=0)
+    a, b, k1, k2 = u[:CELLS], u[CELLS:], 0.45, 2.0          # chem's RHS by hand
+    hand = np.concatenate([-k1 * a + k2 * b * b, k1 * a - 2 * k2 * b * b])
+    assert np.allclose(again["f"], hand, rtol=1e-14, atol=0) and again["f"] == first["f"]
+    assert again["warned"], "no warning named a purged file"
+    assert all(".nbi" in w and "removed it" in w for w in again["warned"])
+    third = run_child(code, cache, env=env)
+    assert third["warned"] == [] and third["J"] == again["J"]

@@ -699,46 +699,54 @@ def purge_numba_cache(module_file: Path) -> None:
 
 
 def numba_cache_failure(exc: BaseException):
-    """The Numba dispatcher whose on-disk cache failed to load in ``exc``
-    (an unreadable or tampered index/data file), else None."""
+    """Numba's cache file object (``numba.core.caching.IndexDataCacheFile``)
+    whose index or data failed to load in ``exc`` (a truncated, unreadable or
+    tampered ``.nbi``/``.nbc``), else None. The innermost one: a kernel that
+    calls a helper compiles the helper inside its own compile, and it is the
+    helper's file that failed (purging the caller's instead, as before,
+    left the broken file in place and the build failing)."""
     tb = exc.__traceback__
-    disp, in_cache = None, False
+    found = None
     while tb is not None:
         fr = tb.tb_frame
         fn = fr.f_code.co_filename.replace("\\", "/")
-        if fn.endswith("numba/core/dispatcher.py") and disp is None:
-            s = fr.f_locals.get("self")
-            if s is not None and hasattr(s, "_cache"):
-                disp = s
         if fn.endswith("numba/core/caching.py"):
-            in_cache = True
+            s = fr.f_locals.get("self")
+            if s is not None and hasattr(s, "_index_path") and hasattr(s, "_cache_path"):
+                found = s
+            elif s is not None and hasattr(getattr(s, "_cache_file", None), "_index_path"):
+                found = s._cache_file
         tb = tb.tb_next
-    return disp if in_cache else None
+    return found
 
 
 def recover_numba_cache(exc: BaseException) -> bool:
-    """Purge the broken Numba cache entry named by ``exc``; True if it was one
-    (the caller then retries, and Numba recompiles)."""
-    disp = numba_cache_failure(exc)
-    if disp is None:
+    """Purge the broken Numba cache entry named by ``exc`` (its index and
+    data files), with a warning naming the file; True if one was removed
+    (the caller then retries, and Numba recompiles that function)."""
+    cf = numba_cache_failure(exc)
+    if cf is None:
         return False
-    log.warning("esmjac cache: Numba's cache for %s is unreadable (%s: %s); purging it and recompiling",
-                getattr(disp, "__name__", disp), type(exc).__name__, exc)
     try:
-        cf = disp._cache._cache_file          # numba.core.caching.IndexDataCacheFile
         path = Path(cf._cache_path)
+        index = Path(cf._index_path)
         stem = Path(cf._index_name).stem + "."
-    except AttributeError:
+    except (AttributeError, TypeError):
         return False                          # a Numba whose cache we cannot purge: not ours to retry
-    found = False
+    removed = []
     try:
         for f in path.iterdir():
             if f.name.startswith(stem) and f.suffix in (".nbi", ".nbc"):
                 _remove(f)
-                found = True
+                removed.append(f.name)
     except OSError:
         return False
-    return found
+    if removed:
+        msg = (f"esmjac: Numba's cache file {index} could not be read ({type(exc).__name__}: {exc}); "
+               f"removed it ({', '.join(sorted(removed))}) and recompiling")
+        log.warning("%s", msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return bool(removed)
 
 
 # ------------------------------------------------------------------ products

@@ -336,14 +336,13 @@ def _recovering(run, out, *args) -> None:
     """``run(*args)``; a Numba cache file that fails to load (corrupt or
     tampered index/data) is purged and the call retried, so Numba recompiles
     instead of the entry breaking every later run (compile/cache.py)."""
-    for _ in range(16):                  # at most one purge per compiled function
+    while True:                          # each retry removed a broken file: finitely many
         try:
             return run(*args)
         except Exception as exc:
             if not recover_numba_cache(exc):
                 raise
             out[:] = 0                   # accumulating (global) kernels restart from zero
-    return run(*args)
 
 
 def _distinct_nodes(exprs: list) -> int:
