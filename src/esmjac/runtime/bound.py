@@ -33,6 +33,17 @@ from .workspace import lane_cells
 __all__ = ["BoundJacobian", "BoundRhs", "SERIAL_BELOW"]
 
 
+def _warm_p(n: int) -> np.ndarray:
+    """The parameter vector of a warm call: read-only, as the programs' own
+    ``p0`` and the adapters' ``p`` are. Numba specializes on writability, so
+    a writable one would compile signatures the real calls never use (and
+    leave theirs to compile at the first timed call: ~20 s of CPU for the
+    parallel tape interpreter, ~6 s for its serial twin)."""
+    p = np.ones(n)
+    p.setflags(write=False)
+    return p
+
+
 def _refuse(name: str, x, n: int, dtype) -> None:
     """The typed error for an argument that failed the cheap checks."""
     checks.vector(name, x, n, dtype, out=name == "out")
@@ -291,7 +302,7 @@ class BoundJacobian(_Bound):
         f = self._f_none if self._f_none is not None else np.ones(max(self.n_f, 1), dtype=self.dtype)
         out = np.zeros(self.n_out, dtype=self.dtype)
         h = self._h.copy()
-        self._body(u, np.ones(self.n_p), 0.0, f, out)
+        self._body(u, _warm_p(self.n_p), 0.0, f, out)
         self._h[:] = h
         self._scan(out)
 
@@ -305,16 +316,20 @@ class _OneLane:
         self.b = b
         self.u = np.ones(prog.u_size(1), dtype=b.dtype)
         self.f = np.ones(max(prog.f_size(1), 1), dtype=b.dtype)
+        if b._f_none is not None and not b._f_none.flags.writeable:
+            self.f.setflags(write=False)      # the document's forcing, as the real calls pass it
         self.out = np.zeros(plan.out_size(1), dtype=b.dtype)
         b.lanes = 1
         b._h = b._h.copy()
-        b._cix = lane_cells(prog.layout.cell_shape, 1)
+        cix = lane_cells(prog.layout.cell_shape, 1)
+        cix.setflags(write=b._cix.flags.writeable)      # the types the real calls pass
+        b._cix = cix
         b._slab = None if b.direct else np.zeros(max(prog.slab_size(1), 1), dtype=b.dtype)
         b._body = b._make_body()
 
     def run_once(self) -> None:
         b = self.b
-        b._body(self.u, np.ones(b.n_p), 0.0, self.f, self.out)
+        b._body(self.u, _warm_p(b.n_p), 0.0, self.f, self.out)
         b._scan(self.out)
 
 
@@ -355,11 +370,13 @@ class BoundRhs(_Bound):
             f = self._f_none if self._f_none is not None else np.ones(max(self.n_f, 1), dtype=self.dtype)
             out = np.zeros(self.n_u, dtype=self.dtype)
             if prog.kind == "cell" and self.lanes > 1:
-                one = prog.kernel.bind(self._h.copy(), lane_cells(prog.layout.cell_shape, 1), 1,
-                                       serial=self.serial, one_thread=one_thread)
-                one(u[:prog.u_size(1)].copy(), np.ones(self.n_p), 0.0,
-                    f[:max(prog.f_size(1), 1)].copy(), out[:prog.u_size(1)].copy())
+                c1 = lane_cells(prog.layout.cell_shape, 1)
+                c1.setflags(write=self._cix.flags.writeable)     # the types the real calls pass
+                f1 = f[:max(prog.f_size(1), 1)].copy()
+                f1.setflags(write=f.flags.writeable)            # the document's forcing is read-only
+                one = prog.kernel.bind(self._h.copy(), c1, 1, serial=self.serial, one_thread=one_thread)
+                one(u[:prog.u_size(1)].copy(), _warm_p(self.n_p), 0.0, f1, out[:prog.u_size(1)].copy())
             else:
                 h = self._h.copy()
-                self._body(u, np.ones(self.n_p), 0.0, f, out)
+                self._body(u, _warm_p(self.n_p), 0.0, f, out)
                 self._h[:] = h

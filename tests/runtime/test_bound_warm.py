@@ -1,0 +1,53 @@
+"""A binding's warm call compiles the very specializations its real calls
+run: Numba specializes on writability too, and the programs' ``p0`` (like
+the adapters' ``p``) is read-only, so a warm call with a writable parameter
+vector compiled signatures nobody used and left the real ones to the first
+timed call (runtime/bound.py ``_warm_p``)."""
+from __future__ import annotations
+
+import numpy as np
+
+from esmjac.compile.tape import run_tape
+from esmjac.layouts import LaneSparseBlocks
+from esmjac.compile.twins import serial_twin
+from esmjac.runtime.programs import JacobianProgram, RhsProgram
+from tests.support.models import chem, chem_jacobian
+
+CELLS = 3
+OPTS = {"cache": False, "engine": "tape"}
+
+
+def _signatures() -> tuple:
+    return len(run_tape.signatures), len(serial_twin(run_tape).signatures)
+
+
+def test_a_bound_rhs_first_call_compiles_nothing():
+    r = RhsProgram.build(chem(cells=CELLS), options=OPTS)
+    assert r.kernel.engine == "tape" and not r.p0.flags.writeable
+    run = r.bind()
+    before = _signatures()
+    u = np.linspace(1.0, 2.0, 2 * CELLS)
+    out = run(u, r.p0, 0.0, None, np.zeros_like(u))
+    assert _signatures() == before
+    A, B = u[:CELLS], u[CELLS:]                 # the hand derivation (k1 = 0.3, k2 = 2)
+    np.testing.assert_allclose(out, np.concatenate([-0.3 * A + 2 * B * B, 0.3 * A - 4 * B * B]), rtol=1e-14)
+
+
+def test_a_bound_jacobian_first_call_compiles_nothing():
+    r = RhsProgram.build(chem(cells=CELLS), options=OPTS)
+    j = JacobianProgram.build(chem(cells=CELLS), options=OPTS)
+    plan = j.plan(LaneSparseBlocks(), source=r)
+    ws = j.new_workspace()
+    run = j.bind(plan, ws)
+    before = _signatures()
+    u = np.linspace(1.0, 2.0, 2 * CELLS)
+    run(u, j.p0, 0.0, None, np.zeros(plan.out_size(ws.lanes)))
+    assert _signatures() == before
+    # and the values: eval_into into Csr against the hand Jacobian
+    from esmjac.layouts import Csr
+    from scipy.sparse import csr_array
+    pc = j.plan(Csr(), source=r)
+    o = np.zeros(pc.out_size(ws.lanes))
+    j.eval_into(pc, u, j.p0, 0.0, None, o, j.new_workspace())
+    J = csr_array((o, pc.indices, pc.indptr), shape=(u.size, u.size)).toarray()
+    np.testing.assert_allclose(J, chem_jacobian(u, 0.3, 2.0), rtol=1e-14, atol=0)
