@@ -393,3 +393,44 @@ def test_the_jacobian_form_is_decided_at_build():
         n0 = prob.njev
         prob.jac(0.0, prob.y0)
         assert prob.njev == n0 + 1
+
+
+_FIRST_CALLS = r"""
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+from esmjac.adapters.scipy import ivp
+prob = ivp(TROPO, forcing={"fj": np.linspace(0.2, 1.5, 8)})
+new = []
+_orig = Dispatcher._compile_for_args
+def _spy(self, *args, **kws):
+    new.append(getattr(self, "py_func", self).__qualname__)
+    return _orig(self, *args, **kws)
+Dispatcher._compile_for_args = _spy      # every call no compiled signature matches
+y = prob.y0                              # read-only, as solve_ivp's first calls pass it
+f0, j0 = prob.fun(0.0, y).copy(), prob.jac(0.0, y).toarray()
+y1 = np.array(y) * 1.1                   # writable; an int time
+f1, j1 = prob.fun(np.float64(1), y1), prob.jac(1, y1)
+sol = prob.solve((0.0, 600.0), rtol=1e-6, atol=1e-3)
+sol_fd = prob.solve((0.0, 600.0), rtol=1e-6, atol=1e-3, jac=None, jac_sparsity=prob.jac_sparsity)
+assert sol.success and sol_fd.success
+assert np.all(np.isfinite(f0)) and np.all(np.isfinite(j0)) and np.any(f1 != f0)
+print("NEW", sorted(set(new)))
+"""
+
+
+@pytest.mark.slow
+def test_no_numba_specialization_after_build():
+    # ivp() promises the first solve pays no compile: in a fresh process
+    # (no other test's calls), the first fun/jac calls -- with solve_ivp's
+    # read-only y0, a writable y, an integer t -- and two BDF solves make
+    # no Numba dispatcher resolve a new signature (compiled or loaded from
+    # Numba's cache). Before the fix, the read-only y0 compiled every RHS
+    # and Jacobian kernel again inside the first solve (12 s CPU cold).
+    import subprocess
+    import sys
+    code = f"TROPO = {TROPO!r}\n" + _FIRST_CALLS
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("NEW")][-1]
+    assert line == "NEW []", f"kernels specialized after the build: {line}"

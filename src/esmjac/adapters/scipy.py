@@ -130,8 +130,8 @@ class IvpProblem(Problem):
         c = self._calls
         self.counters.nfev += 1
         out = fresh_array(c.pool_f, self.n, c.run_f)
-        with_threads(self.threads, c.run_f, np.ascontiguousarray(y, dtype=np.float64),
-                     self.p, t, self.forcing, out)
+        with_threads(self.threads, c.run_f, _state(y),
+                     self._kp, float(t), self._kf, out)
         return out
 
     def jac_data(self, t, y) -> np.ndarray:
@@ -141,8 +141,8 @@ class IvpProblem(Problem):
         data = fresh_array(c.pool_d, c.nnz, c.run_csr)
         if c.run_csr is None:               # BDF/Radau use the Csc plan; CSR only on request
             c.run_csr = self.jacobian.bind(self.plan, c.ws, keep_point=False)
-        with_threads(self.threads, c.run_csr, np.ascontiguousarray(y, dtype=np.float64),
-                     self.p, t, self.forcing, data)
+        with_threads(self.threads, c.run_csr, _state(y),
+                     self._kp, float(t), self._kf, data)
         return data
 
     def __post_init__(self):
@@ -150,6 +150,12 @@ class IvpProblem(Problem):
         # ``method`` takes, so a call neither branches on the method nor
         # imports SciPy (``dataclasses.replace`` decides again for the copy).
         object.__setattr__(self, "jac", self._jac_form())
+        # The kernels' own (writable, private) copies of p and forcing: the
+        # binding's warm-up compiles writable arrays, and Numba specializes
+        # on writability, so passing the read-only ``p``/``forcing`` would
+        # compile every kernel a second time (at build, doubling its cost).
+        object.__setattr__(self, "_kp", np.array(self.p))
+        object.__setattr__(self, "_kf", None if self.forcing is None else np.array(self.forcing))
 
     def _jac_form(self):
         if self.method != "LSODA":
@@ -194,8 +200,8 @@ class IvpProblem(Problem):
             d = m.data
             if len(c.pool_j) < 4:
                 c.pool_j.append((m, d, m.indices, m.indptr))
-        with_threads(self.threads, c.run_csc, np.ascontiguousarray(y, dtype=np.float64),
-                     self.p, t, self.forcing, d)
+        with_threads(self.threads, c.run_csc, _state(y),
+                     self._kp, float(t), self._kf, d)
         return m
 
     def jac_csr(self, t, y):
@@ -227,6 +233,16 @@ class IvpProblem(Problem):
         # One thread-count switch for the whole run (fun/jac then find it set).
         return with_threads(self.threads, solve_ivp, self.fun, t_span,
                             np.asarray(y0, dtype=np.float64), method=method, **opts)
+
+
+def _state(y) -> np.ndarray:
+    """``y`` in the one signature the build warmed: C-contiguous float64 and
+    writable. A read-only ``y`` (solve_ivp's first calls pass the problem's
+    read-only ``y0`` as is) would make Numba compile every kernel again for
+    ``Array(..., readonly=True)`` inside the first solve (12 s CPU cold on
+    the demo); a copy of one vector is nothing next to that."""
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    return y if y.flags.writeable else y.copy()
 
 
 def _free_matrix(pool: list, bound, shape: tuple) -> tuple:

@@ -324,7 +324,10 @@ class RhsProgram(_Product, _Base):
         if self.kind == "global" and lanes != 1:
             raise JacError("bad_argument", "a global-lane program has exactly one lane")
         lanes = _checks.lanes(lanes, 8 * (3 * len(self.layout.cell_shape) + 2), "scratch")
-        cix = self.default_cix if lanes == default else lane_cells(self.layout.cell_shape, lanes)
+        # a writable copy of the (read-only) stored map: every other lane map,
+        # the build's warm-up included, is writable, and Numba compiles each
+        # kernel once per writability of its arguments
+        cix = self.default_cix.copy() if lanes == default else lane_cells(self.layout.cell_shape, lanes)
         return RhsScratch(lanes, np.zeros(max(self.kernel.n_hoist, 1)), cix, self.owner)
 
     def bind(self, lanes: int | None = None, dtype=None, *, scratch: "RhsScratch | None" = None):
