@@ -131,7 +131,7 @@ class IvpProblem(Problem):
         self.counters.nfev += 1
         out = fresh_array(c.pool_f, self.n, c.run_f)
         with_threads(self.threads, c.run_f, _state(y),
-                     self._kp, float(t), self._kf, out)
+                     self.p, float(t), self.forcing, out)
         return out
 
     def jac_data(self, t, y) -> np.ndarray:
@@ -142,7 +142,7 @@ class IvpProblem(Problem):
         if c.run_csr is None:               # BDF/Radau use the Csc plan; CSR only on request
             c.run_csr = self.jacobian.bind(self.plan, c.ws, keep_point=False)
         with_threads(self.threads, c.run_csr, _state(y),
-                     self._kp, float(t), self._kf, data)
+                     self.p, float(t), self.forcing, data)
         return data
 
     def __post_init__(self):
@@ -150,12 +150,6 @@ class IvpProblem(Problem):
         # ``method`` takes, so a call neither branches on the method nor
         # imports SciPy (``dataclasses.replace`` decides again for the copy).
         object.__setattr__(self, "jac", self._jac_form())
-        # The kernels' own (writable, private) copies of p and forcing: the
-        # binding's warm-up compiles writable arrays, and Numba specializes
-        # on writability, so passing the read-only ``p``/``forcing`` would
-        # compile every kernel a second time (at build, doubling its cost).
-        object.__setattr__(self, "_kp", np.array(self.p))
-        object.__setattr__(self, "_kf", None if self.forcing is None else np.array(self.forcing))
 
     def _jac_form(self):
         if self.method != "LSODA":
@@ -201,7 +195,7 @@ class IvpProblem(Problem):
             if len(c.pool_j) < 4:
                 c.pool_j.append((m, d, m.indices, m.indptr))
         with_threads(self.threads, c.run_csc, _state(y),
-                     self._kp, float(t), self._kf, d)
+                     self.p, float(t), self.forcing, d)
         return m
 
     def jac_csr(self, t, y):
