@@ -95,6 +95,7 @@ from .._version import __version__
 from ..errors import JacError
 from ..limits import document_limit, workspace_limit
 from ..model.deep import run_deep
+from ..model.load import ref_strings
 from ..model.expr import Node, _FDict, iter_children, node
 
 __all__ = ["cache_dir", "content_hash", "kernel_key", "load_source", "code_version", "document_key",
@@ -305,21 +306,6 @@ def _expand_ref(ref: str) -> str:
         return ref
 
 
-def _refs(obj: Any) -> list:
-    """Every string ``ref`` value in a JSON tree (iterative: documents nest deeply)."""
-    out, stack = [], [obj]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
-            r = x.get("ref")
-            if isinstance(r, str):
-                out.append(r)
-            stack.extend(x.values())
-        elif isinstance(x, list):
-            stack.extend(x)
-    return out
-
-
 def dependency_files(doc: Any, base: Path) -> list | None:
     """``[(path, sha256)]`` of every local file ``doc`` pulls in through a
     ``ref`` (recursively, each relative to the file that names it), or None
@@ -328,7 +314,7 @@ def dependency_files(doc: Any, base: Path) -> list | None:
     todo = [(doc, base)]
     while todo:
         d, b = todo.pop()
-        for ref in _refs(d):
+        for ref in ref_strings(d):
             ref = _expand_ref(ref)
             if "://" in ref:
                 return None

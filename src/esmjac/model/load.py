@@ -27,7 +27,7 @@ from ..errors import JacError
 from .expr import AGG, Node, thaw, add, from_ast, lhs_state, map_children, node, substitute
 from .validate import validate_view
 
-__all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state", "integrated_states"]
+__all__ = ["SystemView", "VarInfo", "load_view", "load_file", "lhs_state", "integrated_states", "ref_strings"]
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,8 @@ def _check_tree(tree: Any, what: str) -> None:
                            f"{workspace_limit():,} bytes (ESMJAC_WORKSPACE_LIMIT)")
 
 
-def _refs_of(tree: Any) -> list:
+def ref_strings(tree: Any) -> list:
+    """Every string ``ref`` value in a JSON tree (iterative: documents nest deeply)."""
     out, stack = [], [tree]
     while stack:
         x = stack.pop()
@@ -234,7 +235,7 @@ def preflight(source: Any) -> None:
     while todo:
         tree, b, chain = todo.pop()
         _check_tree(tree, chain[-1])
-        for ref in _refs_of(tree):
+        for ref in ref_strings(tree):
             r = expand_ref_env(ref)
             if "://" in r:
                 if allow_urls:
