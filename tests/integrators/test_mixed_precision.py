@@ -14,42 +14,22 @@ import json
 
 import numpy as np
 import pytest
-from scipy.integrate import solve_ivp
 
 from esmjac.adapters.native import rosenbrock
 from esmjac.errors import JacError
 from esmjac.integrators import leaf as _leaf
 from esmjac.models.mechanism import lift
+from tests.support.leafgrid import DT, NS
+from tests.support.leafgrid import heterogeneous_grid as _grid
+from tests.support.leafgrid import radau_reference as _radau
 from tests.support.programs import TROPO12
 
-NS = 15
-DT = 1200.0
 RTOL = 1e-3
 
 
 @pytest.fixture(scope="module")
 def doc8():
     return lift(json.loads(TROPO12.read_text()), 8)
-
-
-def _grid(leaf, L, seed=0):
-    rng = np.random.default_rng(seed)
-    base = leaf.initial_state().reshape(NS, -1)[:, :1]
-    u = np.ascontiguousarray((base * 10 ** rng.uniform(-1, 1, L)[None, :]).reshape(-1))
-    fj = np.where(np.arange(L) % 2 == 0, 0.0, 1.0)
-    return u, fj
-
-
-def _radau(leaf, u, fj, L):
-    rhs, p = leaf.rhs_program, leaf.p
-    sc = rhs.new_buffers(L)
-
-    def f(t, y):
-        return rhs.eval_into(np.ascontiguousarray(y), p, t, fj, np.empty_like(y), sc)
-
-    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
-    assert ref.success
-    return ref.y[:, -1]
 
 
 def test_mixed_precision_is_as_accurate_as_double_at_rtol_1e3(doc8):

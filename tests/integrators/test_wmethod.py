@@ -137,42 +137,19 @@ def test_rodas3_loses_its_order_with_a_frozen_jacobian():
 
 import json  # noqa: E402
 
-from scipy.integrate import solve_ivp  # noqa: E402
-
 from esmjac.adapters.native import rosenbrock  # noqa: E402
 from esmjac.errors import JacError  # noqa: E402
 from esmjac.integrators import lanestep  # noqa: E402
 from esmjac.models.mechanism import lift  # noqa: E402
+from tests.support.leafgrid import DT, NS  # noqa: E402
+from tests.support.leafgrid import heterogeneous_grid as _grid  # noqa: E402
+from tests.support.leafgrid import radau_reference as _radau  # noqa: E402
 from tests.support.programs import TROPO12  # noqa: E402
-
-NS = 15           # tropo12 species
-DT = 1200.0       # a 20-minute chemistry step
 
 
 @pytest.fixture(scope="module")
 def doc8():
     return lift(json.loads(TROPO12.read_text()), 8)
-
-
-def _grid(leaf, L, seed=0):
-    """Heterogeneous lanes: states scaled by 10^U(-1, 1), half of them night."""
-    rng = np.random.default_rng(seed)
-    base = leaf.initial_state().reshape(NS, -1)[:, :1]
-    u = np.ascontiguousarray((base * 10 ** rng.uniform(-1, 1, L)[None, :]).reshape(-1))
-    fj = np.where(np.arange(L) % 2 == 0, 0.0, 1.0)
-    return u, fj
-
-
-def _radau(leaf, u, fj, L):
-    rhs, p = leaf.rhs_program, leaf.p
-    sc = rhs.new_buffers(L)
-
-    def f(t, y):
-        return rhs.eval_into(np.ascontiguousarray(y), p, t, fj, np.empty_like(y), sc)
-
-    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
-    assert ref.success
-    return ref.y[:, -1]
 
 
 @pytest.mark.parametrize("kw", [{}, {"max_jac_age": 10_000, "hold": (0.5, 4.0)}],
