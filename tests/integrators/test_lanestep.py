@@ -27,6 +27,7 @@ from esmjac.integrators.lanestep import RUNNING
 from esmjac.integrators.leaf import LeafStats
 from esmjac.integrators.tableaux import perm_arrays
 from esmjac.linalg import sparse_lu as sparse_lu_mod
+from tests.support.leafgrid import standard_form
 
 
 # ---------------------------------------------------------------------------
@@ -198,24 +199,11 @@ def test_lu_zero_pivot_names_the_lane():
 # Method coefficients
 # ---------------------------------------------------------------------------
 
-def _standard_form(tab):
-    """Back-transform KPP-form coefficients: Γ⁻¹ = diag(1/γ) − C, α = A Γ,
-    b = M Γ, b̂ = b − E Γ (Hairer–Wanner II, (7.25))."""
-    s = tab.stages
-    A = np.zeros((s, s))
-    C = np.zeros((s, s))
-    for i in range(s):
-        A[i, :i] = tab.a[i]
-        C[i, :i] = tab.c[i]
-    G = np.linalg.inv(np.eye(s) / tab.gamma - C)
-    b = np.array(tab.m) @ G
-    return A @ G, G, b, b - np.array(tab.e) @ G
-
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_method_order_conditions(name):
     tab = METHODS[name]
-    alpha, G, b, bh = _standard_form(tab)
+    alpha, G, b, bh = standard_form(tab)
     g = tab.gamma
     beta = alpha + G - np.diag(np.diag(G))           # β_ij = α_ij + γ_ij, j < i
     bp = beta.sum(1)

@@ -18,6 +18,7 @@ from esmjac.adapters.native import rosenbrock
 from esmjac.errors import JacError
 from esmjac.integrators.lanestep import STATUS
 from esmjac.models.mechanism import lift
+from tests.support.leafgrid import replay_case
 from tests.support.programs import TROPO12
 
 NS = 15           # tropo12 species
@@ -347,17 +348,7 @@ def sens_case(doc8):
     fj = np.array([0.3, 1.0])
     rng = np.random.default_rng(11)
     w = rng.uniform(0.5, 1.5, u.size) / np.abs(u).clip(1.0)      # φ = w·y(T)
-    rec = []
-    y = u.copy()
-    lf._advance(y, 0.0, 300.0, fj, None, None, rec)
-    fz, cix = rec.pop()
-    sens = lf._sensitivities(True)
-
-    def phi(u0, p=None, fzv=None):
-        a = u0.copy()
-        sens.replay(rec, a, fz if fzv is None else fzv, cix, 2, p)
-        return float(w @ a)
-
+    _, y, phi = replay_case(lf, fj, w, 300.0)
     return lf, u, fj, w, phi, y
 
 

@@ -14,20 +14,7 @@ import numpy as np
 import pytest
 
 from esmjac.integrators.tableaux import METHODS
-
-
-def _standard(tab):
-    """Standard form (α, Γ incl. its diagonal, b, b̂) back from the transformed
-    coefficients: Γ⁻¹ = diag(1/γ) − C, α = A Γ, b = M Γ, b̂ = b − E Γ."""
-    s = tab.stages
-    A = np.zeros((s, s))
-    C = np.zeros((s, s))
-    for i in range(s):
-        A[i, :i] = tab.a[i]
-        C[i, :i] = tab.c[i]
-    G = np.linalg.inv(np.eye(s) / tab.gamma - C)
-    b = np.array(tab.m) @ G
-    return A @ G, G, b, b - np.array(tab.e) @ G
+from tests.support.leafgrid import replay_case, standard_form
 
 
 def _w_conditions(alpha, G, w, order):
@@ -53,7 +40,7 @@ def _w_conditions(alpha, G, w, order):
 def test_ros34pw2_meets_the_w_order_conditions():
     tab = METHODS["ros34pw2"]
     assert tab.wmethod and tab.stages == 4 and tab.elo == 3.0
-    alpha, G, b, bh = _standard(tab)
+    alpha, G, b, bh = standard_form(tab)
     for w, order in ((b, 3), (bh, 2)):
         res = _w_conditions(alpha, G, w, order)
         assert max(abs(v) for v in res.values()) < 1e-14, res
@@ -71,7 +58,7 @@ def test_rodas3_is_not_a_w_method():
     Jacobian) violates the W-conditions."""
     tab = METHODS["rodas3"]
     assert not tab.wmethod
-    alpha, G, b, _ = _standard(tab)
+    alpha, G, b, _ = standard_form(tab)
     res = _w_conditions(alpha, G, b, 3)
     assert max(abs(v) for v in res.values()) > 0.1
 
@@ -265,18 +252,8 @@ def wsens():
     u = lf.initial_state()
     fj = np.array([0.3, 1.0])
     w = np.random.default_rng(11).uniform(0.5, 1.5, u.size) / np.abs(u).clip(1.0)
-    rec = []
-    y = u.copy()
-    lf._advance(y, 0.0, 300.0, fj, None, None, rec)
-    fz, cix = rec.pop()
+    rec, y, phi = replay_case(lf, fj, w, 300.0)
     assert sum(int((~r[3]).sum()) for r in rec) > 20        # many steps on an older Jacobian
-    sens = lf._sensitivities(True)
-
-    def phi(u0, p=None, fzv=None):
-        a = u0.copy()
-        sens.replay(rec, a, fz if fzv is None else fzv, cix, 2, p)
-        return float(w @ a)
-
     return lf, u, fj, w, phi, y
 
 

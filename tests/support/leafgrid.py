@@ -31,3 +31,38 @@ def radau_reference(leaf, u, fj, L, dt=DT):
     ref = solve_ivp(f, (0.0, dt), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
     assert ref.success
     return ref.y[:, -1]
+
+
+def standard_form(tab):
+    """Back-transform a tableau's KPP-form coefficients to the standard form
+    (α, Γ incl. its diagonal, b, b̂): Γ⁻¹ = diag(1/γ) − C, α = A Γ, b = M Γ,
+    b̂ = b − E Γ (Hairer–Wanner II, (7.25))."""
+    s = tab.stages
+    A = np.zeros((s, s))
+    C = np.zeros((s, s))
+    for i in range(s):
+        A[i, :i] = tab.a[i]
+        C[i, :i] = tab.c[i]
+    G = np.linalg.inv(np.eye(s) / tab.gamma - C)
+    b = np.array(tab.m) @ G
+    return A @ G, G, b, b - np.array(tab.e) @ G
+
+
+def replay_case(lf, fj, w, t_end):
+    """Record one forward solve of ``lf`` over [0, t_end] and return
+    ``(rec, y, phi)``: the recorded steps, the final state, and φ(u0) = w·y(T)
+    replayed over the same steps (for finite differences of the adjoint)."""
+    u = lf.initial_state()
+    rec: list = []
+    y = u.copy()
+    lf._advance(y, 0.0, t_end, fj, None, None, rec)
+    fz, cix = rec.pop()
+    sens = lf._sensitivities(True)
+    lanes = fj.size
+
+    def phi(u0, p=None, fzv=None):
+        a = u0.copy()
+        sens.replay(rec, a, fz if fzv is None else fzv, cix, lanes, p)
+        return float(w @ a)
+
+    return rec, y, phi
