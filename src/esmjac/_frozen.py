@@ -19,6 +19,7 @@ class FrozenMap(Mapping):
     """A read-only ``dict`` (insertion order kept; no item assignment)."""
 
     __slots__ = ("_d",)
+    _d: dict[Any, Any]
 
     def __init__(self, *args, **kwargs):
         object.__setattr__(self, "_d", dict(*args, **kwargs))

@@ -75,8 +75,8 @@ def jacobian_bands(view: SystemView, wrt: str = "states", *,
     targets = targets_of(view, wrt)
     tset = frozenset(targets)
     ctx = context(view)
-    diff_eqs = [(lhs_state(l), r) for l, r in view.equations]
-    diff_eqs = [(u, r) for u, r in diff_eqs if u is not None]
+    lhs = [(lhs_state(l), r) for l, r in view.equations]
+    diff_eqs = [(u, r) for u, r in lhs if u is not None]
     obs = dict(view.observed)
     if wrt != "time":
         # Time also enters through externally supplied data: `{t}` is not a

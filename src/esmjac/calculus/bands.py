@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
+from ..model.expr import (AGG, Expr, Node, thaw, add, free_names, is_array_expr, is_zero, iter_children, map_children, mul, node, op,
                           substitute)
 from .clip import clip_regions
 from .inline import range_of, region_bound
@@ -33,7 +33,7 @@ class Band:
     rows: tuple            # ((lo, hi), …) per row dimension, inclusive, 1-based
     ridx: tuple            # per dimension: free index name (str) or pinned int
     cidx: tuple            # column index expressions, one per column dimension
-    coef: object           # scalar coefficient expression
+    coef: Expr             # scalar coefficient expression
     contracted: tuple = ()  # ((name, lo, hi), …) free contracted column dims
 
     def with_rows(self, rows) -> "Band":

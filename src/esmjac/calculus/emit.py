@@ -16,6 +16,8 @@ reference goldens spell it (pass ``agg_spelling="faq"`` for esm ≥ 1.1.0).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import JacError
 from ..model.expr import Node, iter_children, map_children, node, node_count, stable_json, to_wire
 from ..linalg.factorization import block_lu_plan
@@ -142,7 +144,7 @@ def block_dict(entries, shapes: dict, wrt: str, *, cse: bool = True,
     templates: dict = {}
     if cse:
         templates, coefs = cse_templates(coefs, min_nodes=cse_min_nodes)
-    block = {
+    block: dict[str, Any] = {
         "wrt": wrt,
         "entries": [band_json(e, c, agg_spelling) for e, c in zip(entries, coefs)],
         "structure": structure,

@@ -14,7 +14,7 @@ and ``index``-of-array-expression β-reduction.
 from __future__ import annotations
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, thaw, free_names, from_wire, iter_children, map_children, node, op,
+from ..model.expr import (AGG, Expr, Node, thaw, free_names, from_wire, iter_children, map_children, node, op,
                           substitute, walk)
 from ..model.evaluate import Decline as _Decline, ev as _ev
 
@@ -58,7 +58,7 @@ def range_of(r, index_sets: dict) -> tuple[int, int]:
 
 
 def _makearray_read(ma: Node, idx: list, obs: dict):
-    result = 0
+    result: Expr = 0
     regions = ma.attr("regions") or ()
     for region, val in zip(regions, ma.values or ()):
         conds, sub_idx = [], []

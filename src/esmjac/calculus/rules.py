@@ -18,7 +18,7 @@ are the same iff their RFC §5.4 canonical JSON agrees (so ``u[i+1]`` and
 from __future__ import annotations
 
 from ..errors import JacError
-from ..model.expr import (AGG, Node, add, free_names, is_zero, iter_children, mul,
+from ..model.expr import (AGG, Expr, Node, add, free_names, is_zero, iter_children, mul,
                     neg, op, stable_json, to_wire)
 
 __all__ = ["Site", "site_key", "dscalar", "occurs", "ZERO_DERIV_OPS",
@@ -147,8 +147,8 @@ def _d(e, s: Site, memo: dict):
     if o == "/":
         n, m = a
         dn, dm = d(n), d(m)
-        t1 = 0 if is_zero(dn) else op("/", dn, m)
-        t2 = 0 if is_zero(dm) else neg(op("/", mul(n, dm), op("^", m, 2)))
+        t1: Expr = 0 if is_zero(dn) else op("/", dn, m)
+        t2: Expr = 0 if is_zero(dm) else neg(op("/", mul(n, dm), op("^", m, 2)))
         return add(t1, t2)
     if o in ("^", "pow"):
         b, x = a
@@ -292,7 +292,7 @@ def _dfn(e: Node, s: Site, memo: dict):
             raise JacError("underivable_operator",
                            "interp.linear table/axis length mismatch or fewer than 2 knots")
         slopes = [(yv[k + 1] - yv[k]) / (xv[k + 1] - xv[k]) for k in range(n - 1)]
-        slope = 0
+        slope: Expr = 0
         for k in range(n - 2, -1, -1):
             slope = op("ifelse", op("<", x, xv[k + 1]), slopes[k], slope)
         slope = op("ifelse", op("<", x, xv[0]), 0, slope)

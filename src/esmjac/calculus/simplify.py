@@ -55,7 +55,7 @@ def _is_val(x, v: float) -> bool:
     return is_lit(x) and float(x) == v
 
 
-def _without_unit(e: Node, args: list, unit: float):
+def _without_unit(e: Node, args: tuple, unit: float):
     """``e`` (a sum or product) without operands equal to its ``unit``
     (0 for ``+``, 1 for ``*``): the unit itself when none is left, the
     operand when one is, ``e`` unchanged when nothing was dropped."""

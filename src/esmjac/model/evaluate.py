@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Callable
 
 from ..errors import JacError
 from .closed import expand_closed
@@ -28,7 +29,7 @@ def _sign(x):
     return float((x > 0) - (x < 0))
 
 
-_FUN1 = {
+_FUN1: dict[str, Callable[[float], float]] = {
     "exp": math.exp, "log": math.log, "log10": math.log10, "sqrt": math.sqrt,
     "sin": math.sin, "cos": math.cos, "tan": math.tan, "asin": math.asin,
     "acos": math.acos, "atan": math.atan, "sinh": math.sinh, "cosh": math.cosh,

@@ -109,6 +109,8 @@ class Node:
     args: tuple
     body: Any
     extra: tuple
+    _attrs: dict[str, Any]
+    _cache: dict[str, Any]
 
     def __setattr__(self, k, v):  # immutable once built
         raise AttributeError("Node is immutable")
@@ -140,7 +142,7 @@ _INTERN: "weakref.WeakValueDictionary[tuple, Node]" = weakref.WeakValueDictionar
 def node(op: str, args=(), body: Any = None, **fields: Any) -> Node:
     """The canonical node for (op, args, body, fields); ``None`` fields are dropped."""
     args = tuple(args)
-    extra = []
+    items: list[tuple[str, Any]] = []
     for name in sorted(fields):
         v = fields[name]
         if v is None:
@@ -151,8 +153,8 @@ def node(op: str, args=(), body: Any = None, **fields: Any) -> Node:
             v = _FDict(sorted(v.items())) if isinstance(v, dict) else v
         elif name not in _ONE_KIDS:
             v = _freeze(v)
-        extra.append((name, v))
-    extra = tuple(extra)
+        items.append((name, v))
+    extra = tuple(items)
     key = (op, tuple(_leaf_key(a) for a in args),
            None if body is None else _leaf_key(body), _extra_key(extra))
     hit = _INTERN.get(key)
@@ -250,20 +252,22 @@ def map_children(e: Node, fn: Callable[[Expr], Expr]) -> Node:
         nb = fn(body)
         changed |= nb is not body
         body = nb
-    fields = {}
+    fields: dict[str, object] = {}
     for name, v in e.extra:
         if name in _LIST_KIDS:
-            nv = tuple(fn(c) for c in v)
-            changed |= any(x is not y for x, y in zip(nv, v))
+            kids = tuple(fn(c) for c in v)
+            changed |= any(x is not y for x, y in zip(kids, v))
+            fields[name] = kids
         elif name in _ONE_KIDS:
-            nv = fn(v)
-            changed |= nv is not v
+            kid = fn(v)
+            changed |= kid is not v
+            fields[name] = kid
         elif name in _DICT_KIDS:
-            nv = _FDict((k, fn(c)) for k, c in v)
-            changed |= any(x[1] is not y[1] for x, y in zip(nv, v))
+            named = _FDict((k, fn(c)) for k, c in v)
+            changed |= any(x[1] is not y[1] for x, y in zip(named, v))
+            fields[name] = named
         else:
-            nv = v
-        fields[name] = nv
+            fields[name] = v
     if not changed:
         return e
     return node(e.op, args, body, **fields)
@@ -426,7 +430,7 @@ def from_wire(d: Any) -> Expr:
         return _leaf(d)
     if not isinstance(d, dict):
         raise TypeError(f"not a wire expression: {d!r}")
-    fields = {}
+    fields: dict[str, Any] = {}
     body = None
     for k, v in d.items():
         if k in ("op", "args"):

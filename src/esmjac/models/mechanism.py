@@ -23,6 +23,7 @@ import copy
 import numbers
 import random
 from collections import Counter
+from typing import Any
 
 from ..errors import JacError
 
@@ -45,7 +46,7 @@ def _num(x: float):
 
 def net_stoichiometry(rx: dict) -> Counter:
     """Net coefficient (products − reactants) of each name in a reaction."""
-    net = Counter()
+    net: Counter[str] = Counter()
     for r in rx["reactants"]:
         net[r] -= 1
     for p, c in rx["products"].items():
@@ -58,7 +59,7 @@ def couplings(reactions: list, species) -> set:
     the reaction list alone: a species whose net coefficient in a reaction is
     non-zero couples to every unknown reactant of that reaction."""
     species = set(species)
-    out = set()
+    out: set[tuple[str, str]] = set()
     for rx in reactions:
         cols = {r for r in rx["reactants"] if r in species}
         for s, c in net_stoichiometry(rx).items():
@@ -89,7 +90,7 @@ def mechanism_doc(name: str, species: dict, parameters: dict, reactions: list, n
     cell_parameters = cell_parameters or {}
     units = units or {}
     sp = set(species)
-    terms = {s: [] for s in species}
+    terms: dict[str, list[object]] = {s: [] for s in species}
     for rx in reactions:
         for s, c in net_stoichiometry(rx).items():
             if c != 0 and s in sp:
@@ -160,7 +161,7 @@ def synthetic_mechanism(n_species: int, n_reactions: int, n_cells: int, seed: in
     names = [f"S{i:03d}" for i in range(n_species)]
     order = names[:]
     rng.shuffle(order)
-    reactions = []
+    reactions: list[dict[str, Any]] = []   # JSON reaction records
     params = {"T": 298.0, "M": 2.46e19, "O2": 5.15e18}
     for r in range(n_reactions):
         a = order[r % n_species] if r < n_species else rng.choice(names)

@@ -71,6 +71,7 @@ def esmjac_adapter() -> Adapter:
     :func:`module_available` for availability and :func:`dist_version`
     for the version. The factories import the solver package when called.
     """
+    raise NotImplementedError   # a specification: pluggy calls the plugins' implementations
 
 
 def module_available(module: str) -> bool:

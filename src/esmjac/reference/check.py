@@ -328,14 +328,15 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
     rep.nonfinite.extend(_nonfinite_at_document_state(bs, view, flat, names, states))
     rng = np.random.default_rng(seed)
     ref, scale = _reference_state(view, states)
-    if lo is not None:
+    if lo is not None and hi is not None:     # both or neither (checked above)
         rep.sampling = f"uniform in [{lo:g}, {hi:g}]"
         scale = np.full(n, max(abs(lo), abs(hi), 1e-300))
     else:
         rep.sampling = "around the document's state"
-    pick = [(-1.0, None, None), (-1.0, None, None)]   # (score, entry, tolerance): failing/closest, largest relative
+    # (score, entry, tolerance): failing/closest, largest relative
+    pick: list[tuple[float, tuple | None, tuple | None]] = [(-1.0, None, None), (-1.0, None, None)]
     for k in range(points):
-        if lo is not None:
+        if lo is not None and hi is not None:
             y = rng.uniform(lo, hi, n)
         else:
             m = MAGNITUDES[k % len(MAGNITUDES)]
@@ -395,7 +396,7 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
         # Name the entry a reader should look at: the one furthest past (or
         # closest to) its tolerance, and the largest relative error.
         for key, slot in ((ratio, 0), (rel, 1)):
-            i, j = np.unravel_index(int(np.argmax(key)), key.shape)
+            i, j = map(int, np.unravel_index(int(np.argmax(key)), key.shape))
             if key[i, j] >= 0 and key[i, j] > pick[slot][0]:
                 pick[slot] = (float(key[i, j]),
                               (names[i], names[j], float(J[i, j]), float(F[i, j]), float(rel[i, j])),
