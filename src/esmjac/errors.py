@@ -182,7 +182,7 @@ class SolverFailed(JacError, RuntimeError):
     returned (the outputs it reached)."""
 
     code = "solver_failed"
-    result = None
+    result: Any = None
 
 #: Codes whose refusals concern one equation's right-hand side.
 _EQUATION_CODES = frozenset({"underivable_operator", "unsupported_construct", "inline_error", "invalid_document",

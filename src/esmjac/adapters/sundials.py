@@ -38,12 +38,13 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import JacError
+from ..errors import JacError, SolverFailed
 from ..layouts.plans import column_split
 from ..layouts.types import ColumnBanded, LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU
@@ -296,7 +297,7 @@ class SundialsProblem(Problem):
     jac_times_vecfn: Any = None
     prec_setupfn: Any = None
     prec_solvefn: Any = None
-    _state: "_State" = field(default=None, repr=False)
+    _state: _State = field(repr=False, kw_only=True)
     note: str = ""             # why this linear solver (linsolver="auto" says what it chose)
 
     @property
@@ -391,11 +392,10 @@ class SundialsProblem(Problem):
         soft = self._state.soft_error
         if soft is not None:
             hint += f"; the last recoverable callback failure: {soft}"
-        exc = JacError("solver_failed",
-                       f"{name} stopped at t = {float(reached):.6g} before the last output time "
-                       f"{float(tout[-1]):.6g} (flag {res.flag}: {msg or 'no message'}){hint}; "
-                       f"{t.size} of {tout.size} outputs reached (exc.result holds them; "
-                       "solve(..., allow_failure=True) returns the result instead)")
+        exc = SolverFailed(f"{name} stopped at t = {float(reached):.6g} before the last output time "
+                           f"{float(tout[-1]):.6g} (flag {res.flag}: {msg or 'no message'}){hint}; "
+                           f"{t.size} of {tout.size} outputs reached (exc.result holds them; "
+                           "solve(..., allow_failure=True) returns the result instead)")
         exc.result = res
         raise exc
 
@@ -646,6 +646,10 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
             return 0
         fns["resfn"] = _guard(st, resfn)
 
+    # CVODE's and IDA's callbacks differ in signature; each is defined per kind below.
+    jacfn: Callable[..., int]
+    jac_times_setupfn: Callable[..., int]
+    jac_times_vecfn: Callable[..., int]
     if linsolver in ("band", "lapackband"):
         lb, ub = bandwidths(rows, cols)
         if max(lb, ub) > n / 2:
@@ -747,7 +751,7 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     prob = SundialsProblem(r, j, plan, yv, tuple(r.names), pv, fv, kind, solver, linsolver, precond,
                            shown, fns.get("rhsfn"), fns.get("resfn"), fns.get("jacfn"),
                            fns.get("jac_times_setupfn"), fns.get("jac_times_vecfn"),
-                           fns.get("prec_setupfn"), fns.get("prec_solvefn"), st, note)
+                           fns.get("prec_setupfn"), fns.get("prec_solvefn"), note, _state=st)
     if st.threads == "measure":
         st.threads = None
         _warm(prob, fns)                    # compile both twins before timing

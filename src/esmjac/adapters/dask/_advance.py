@@ -26,7 +26,8 @@ def _default_atol(doc: dict, model_name, species) -> np.ndarray:
     species' largest default over the document's cells), from the document
     itself so that every chunk and one process use the same values."""
     models = doc.get("models") or {}
-    m = models.get(model_name.split(".")[0]) if model_name else next(iter(models.values()), {})
+    m: dict[str, Any] | None = (models.get(model_name.split(".")[0]) if model_name
+                                 else next(iter(models.values()), {}))
     var = (m or {}).get("variables") or {}
     scale = np.array([float(np.max(np.abs(np.asarray(var.get(s, {}).get("default", 0.0), dtype=np.float64)),
                                   initial=0.0)) for s in species])

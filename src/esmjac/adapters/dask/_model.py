@@ -130,7 +130,8 @@ def model(source, model: str | None = None, *, cells: int | None = None,
 def _make_model(doc: dict, model_name, opts: dict, cells: int | None, cell_shape=None) -> DaskModel:
     sets = _cell_sets(doc, model_name)
     otup = tuple(sorted(opts.items()))
-    built = spec = None
+    built: _Built | None = None
+    spec: _Spec | None = None
     if sets is not None:
         full_shape = tuple(int(doc["index_sets"][s]["size"]) for s in sets)
         try:
@@ -150,7 +151,7 @@ def _make_model(doc: dict, model_name, opts: dict, cells: int | None, cell_shape
             if exc.code == "bad_option":       # a misspelt per_cell name: say so now
                 raise
             spec = None
-    if spec is None:                   # not resizable: the workers build the full document
+    if spec is None or built is None:  # not resizable: the workers build the full document
         r2 = RhsProgram.build(doc, model_name, options=opts)
         j2 = JacobianProgram.build(doc, model_name, options=opts)
         full_shape = tuple(r2.layout.cell_shape)
@@ -223,7 +224,8 @@ def on_grid(m: DaskModel, cell_shape: tuple) -> DaskModel:
 
 def _forcing_defaults(doc: dict, model_name, names) -> dict:
     models = doc.get("models") or {}
-    m = models.get(model_name.split(".")[0]) if model_name else next(iter(models.values()), {})
+    m: dict[str, Any] | None = (models.get(model_name.split(".")[0]) if model_name
+                                 else next(iter(models.values()), {}))
     out = {}
     for n in names:
         d = ((m or {}).get("variables") or {}).get(n, {}).get("default")
