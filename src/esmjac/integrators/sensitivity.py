@@ -38,6 +38,15 @@ for the tangent); the second-order terms use the second-order fields behind
 state and the mixed state–parameter terms). ``W⁻ᵀ`` is the transposed sparse
 LU solve. Each recorded step is replayed on exactly its own lanes (compact), and
 the Jacobians are evaluated once per distinct stage point.
+
+Storage is the forward's: the Jacobian in the leaf's lane tiles (its
+LaneSparseBlocks plan, ``tile``), the iteration matrix ``I/(hγ) − J``
+formed while it is factored, in the factorization's own tiles
+(:func:`~esmjac.integrators.lanestep.lu_tile`), by the forward's own kernel
+(:func:`~esmjac.linalg.sparse_lu.factor_shifted_lanes`). Each lane's
+arithmetic does not depend on the tiling, so a replay reproduces the
+forward solve bit for bit and the sensitivities are the same bits for any
+``tile`` (tests/integrators/test_sensitivity_tiles.py).
 """
 from __future__ import annotations
 
@@ -46,8 +55,8 @@ import numpy as np
 
 from ..errors import JacError
 from . import lanestep as LS
-from ..layouts.types import LaneBlocks, LaneSparseBlocks
-from ..linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes, solve_transpose_lanes
+from ..layouts.types import LaneBlocks
+from ..linalg.sparse_lu import CHUNK, factor_shifted_lanes, solve_lanes, solve_transpose_lanes, tiled_size
 from ..runtime.kernels import lane_apply
 from ..runtime.programs import JacobianProgram
 from ..runtime.second import second_order
@@ -120,10 +129,12 @@ def _sum_points(U, ptslot, perm, m, out):
 
 
 @numba.njit(**_JIT)
-def _adjoint_stages(lamP, lamN, acc, U, UND, JP, ptslot, direct, A, C, mv, hs, pr, pc, g, Wm, nnz,
+def _adjoint_stages(lamP, lamN, acc, U, UND, JP, WJ, ptslot, direct, A, C, mv, hs, pr, pc, g, Wm, WA, nnz,
                     n, m, piv_slot, fwd_ptr, fwd_slot, fwd_col, bwd_ptr, bwd_slot, bwd_col):
     """One recorded step's stages in reverse (all permuted, m lanes):
     u_i = W⁻ᵀ(m_i λ + acc_i); λ⁻ += J(Y_i)ᵀ u_i; acc_j += a_ij J(Y_i)ᵀu_i + (c_ij/h) u_i.
+    ``JP`` in the Jacobian's tiles of ``WJ`` lanes, ``Wm`` (factored) in the
+    factorization's tiles of ``WA``.
 
     A stage whose argument Y_i takes no a_ij K_j terms (rodas3's first two,
     both at y) needs J(Y_i)ᵀu_i only in the sum λ⁻: those u_i are summed per
@@ -148,13 +159,13 @@ def _adjoint_stages(lamP, lamN, acc, U, UND, JP, ptslot, direct, A, C, mv, hs, p
         mi = mv[i]
         for k in range(N):
             kap[k] = mi * lamP[k] + ai[k]
-        solve_transpose_lanes(Wm, kap, nnz, m, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+        solve_transpose_lanes(Wm, kap, nnz, m, WA, piv_slot, fwd_ptr, fwd_slot, fwd_col,
                               bwd_ptr, bwd_slot, bwd_col)
         ps = ptslot[i]
         if direct[i]:
             for k in range(N):
                 g[k] = 0.0
-            _slot_madd(JP[ps], m, pr, pc, kap, g)
+            _slot_madd_tiled(JP[ps], m, WJ, nnz, pr, pc, kap, g)
             for k in range(N):
                 lamN[k] += g[k]
             for j in range(i):
@@ -179,7 +190,7 @@ def _adjoint_stages(lamP, lamN, acc, U, UND, JP, ptslot, direct, A, C, mv, hs, p
                     for l in range(m):
                         ajs[l] += ch[l] * ks[l]
     for p in range(UND.shape[0]):
-        _slot_madd(JP[p], m, pr, pc, UND[p], lamN)
+        _slot_madd_tiled(JP[p], m, WJ, nnz, pr, pc, UND[p], lamN)
 
 
 @numba.njit(**_JIT)
@@ -211,6 +222,26 @@ def _slot_madd(D, m, pidx, tgt, P, out):
         o = out[tgt[q] * m:(tgt[q] + 1) * m]
         for l in range(m):
             o[l] += p[l] * d[l]
+
+
+@numba.njit(**_JIT)
+def _slot_madd_tiled(D, m, W, nnz, pidx, tgt, P, out):
+    """out[tgt_q] += P[pidx_q]·D_q per lane, q over the LU's slots, with
+    ``D`` in lane tiles of ``W`` (slot q of lane l at ((l // W)·nnz + q)·W +
+    l % W): Jᵀu on the Jacobian as the leaf stores it. Each lane adds the
+    same terms in the same order as :func:`_slot_madd` (the same bits;
+    ``W = m`` is that layout)."""
+    for t0 in range(0, m, W):
+        r = min(W, m - t0)
+        base = (t0 // W) * nnz * W
+        for q in range(pidx.shape[0]):
+            d = D[base + q * W:base + q * W + r]
+            po = pidx[q] * m + t0
+            p = P[po:po + r]
+            oo = tgt[q] * m + t0
+            o = out[oo:oo + r]
+            for l in range(r):
+                o[l] += p[l] * d[l]
 
 
 @numba.njit(**_JIT)
@@ -271,9 +302,9 @@ class Sensitivities:
     def __init__(self, leaf, wrt_parameters: bool):
         self.leaf = leaf
         self.jac = leaf.jac_program
-        # the replays run untiled (one tile of a record's lanes), whatever the leaf's tile
-        self.plan = leaf.plan if leaf.tile is None else self.jac.plan(LaneSparseBlocks(tile=None),
-                                                                       source=leaf.rhs_program)
+        # the replays store as the forward does: the leaf's tiled plan (J), the LU's tiles (W)
+        self.plan = leaf.plan
+        self.tile = leaf.tile
         self.sec = _Second(self.jac)
         self.jp = None
         if wrt_parameters:
@@ -291,6 +322,11 @@ class Sensitivities:
             pts.append(cur)
         self._point = tuple(pts)
 
+    def _tiles(self, m: int) -> tuple:
+        """(WJ, WA): the Jacobian's and the iteration matrix's lane tiles at
+        ``m`` compact lanes, those of the forward step (lanestep)."""
+        return (m if self.tile is None else int(self.tile)), LS.lu_tile(m)
+
     # -- per lane-count scratch ----------------------------------------------
     def _scratch(self, m: int):
         sc = self._ws.get(m)
@@ -300,7 +336,8 @@ class Sensitivities:
             n, S = self.leaf.n_species, self.leaf.tableau.stages
             sc = {"ws": self.jac.new_workspace(m), "Jp": np.zeros(self.plan.out_size(m)),
                   "K": np.zeros((S, n * m)), "Ys": np.zeros((S, n * m)), "F": np.zeros(n * m),
-                  "Fs": np.zeros(n * m), "J": np.zeros(self.plan.out_size(m)), "W": np.zeros(self.plan.out_size(m)),
+                  "Fs": np.zeros(n * m), "J": np.zeros(self.plan.out_size(m)),
+                  "W": np.zeros(tiled_size(self.leaf.lu.nnz, m, LS.lu_tile(m))),
                   "D": np.zeros(max(self.sec.nf * m, 1)), "bad": np.zeros(m, np.int64),
                   "ch": np.zeros(S * m)}
             if self.jp is not None:
@@ -318,10 +355,11 @@ class Sensitivities:
         b = self.bound
         K, Ys, F, Fs = sc["K"], sc["Ys"], sc["F"], sc["Fs"]
         yj = y if yj is None else yj
+        WJ, WA = self._tiles(m)
         b.rhs(y, fz, cix, m, F)
         b.jac(yj, fz, cix, m, sc["J"])
-        LS.assemble_w(sc["J"], sc["W"], lu.diag_slots, hs, tab.gamma, m, m, lu.nnz)
-        factor_lanes(sc["W"], lu.nnz, m, m, CHUNK, *lu.factor_ops(), sc["bad"])
+        factor_shifted_lanes(sc["J"], WJ, sc["W"], WA, hs, tab.gamma, lu.nnz, m, CHUNK, *lu.factor_ops(),
+                             sc["bad"])
         if np.any(sc["bad"][:m] >= 0):
             raise JacError("evaluation_error", "singular iteration matrix while replaying a recorded step")
         if cix.size == len(leaf.rhs_program.layout.cell_shape) * m and cix.size:
@@ -341,7 +379,7 @@ class Sensitivities:
                     Ys[i, :n * m] = Ys[i - 1, :n * m]
             ci, cv = LS.nonzero_terms(tab.c[i])
             LS.stage_rhs(Fi, K, i, ci, cv, hs, 0.0, sc["F"], leaf.perm, m, sc["ch"])
-            solve_lanes(sc["W"], K[i], lu.nnz, m, m, CHUNK, *lu.solve_ops())
+            solve_lanes(sc["W"], K[i], lu.nnz, m, WA, CHUNK, *lu.solve_ops())
         if not second:
             return
         self.sec.eval(yj, leaf.p, fz, cix, m, sc["D"])
@@ -416,8 +454,8 @@ class Sensitivities:
         n, S, nnz = self.leaf.n_species, self.leaf.tableau.stages, self.leaf.lu.nnz
         npt = len(self._ad["pts"])
         sc = {"K": np.zeros((S, n * C)), "Ys": np.zeros((S, n * C)), "F": np.zeros(n * C),
-              "Fs": np.zeros(n * C), "JP": np.zeros((npt, nnz * C)), "W": np.zeros(nnz * C),
-              "JW": np.zeros(nnz * C),
+              "Fs": np.zeros(n * C), "JP": np.zeros((npt, self.plan.out_size(C))),
+              "W": np.zeros(tiled_size(nnz, C, LS.lu_tile(C))), "JW": np.zeros(self.plan.out_size(C)),
               "D": np.zeros(max(self.sec.nf * C, 1)), "bad": np.zeros(C, np.int64), "ch": np.zeros(S * C),
               "U": np.zeros((S, n * C)), "UND": np.zeros((npt, n * C)), "acc": np.zeros((S, n * C)),
               "g": np.zeros(n * C), "lamP": np.zeros(n * C), "lamN": np.zeros(n * C),
@@ -495,16 +533,15 @@ class Sensitivities:
             if ncd:
                 LS.gather(cix_full, L, lanes, ncd, m, cxb)
             fz, cix = fzb, cxb
-            # replay: exactly the forward's arithmetic (same kernels, same order)
+            # replay: exactly the forward's arithmetic (same kernels, same order, same tiles)
+            WJ, WA = self._tiles(m)
             b.rhs(y, fz, cix, m, F)
             b.jac(y, fz, cix, m, JP[0])
-            if yj is None:
-                LS.assemble_w(JP[0], Wm, lu.diag_slots, h, tab.gamma, m, m, nnz)
-            else:                                 # the W-method's kept Jacobian J(y_J)
+            JW = JP[0]
+            if yj is not None:                    # the W-method's kept Jacobian J(y_J)
                 JW = sc["JW"]
                 b.jac(yj, fz, cix, m, JW)
-                LS.assemble_w(JW, Wm, lu.diag_slots, h, tab.gamma, m, m, nnz)
-            factor_lanes(Wm, nnz, m, m, CHUNK, *fops, sc["bad"])
+            factor_shifted_lanes(JW, WJ, Wm, WA, h, tab.gamma, nnz, m, CHUNK, *fops, sc["bad"])
             if np.any(sc["bad"][:m] >= 0):
                 raise JacError("evaluation_error", "singular iteration matrix while replaying a recorded step")
             Ys[0, :N] = y
@@ -518,15 +555,15 @@ class Sensitivities:
                     else:
                         Ys[i, :N] = Ys[i - 1, :N]
                 LS.stage_rhs(Fi, K, i, *ad["c_nz"][i], h, 0.0, F, perm, m, sc["ch"])
-                solve_lanes(Wm, K[i], nnz, m, m, CHUNK, *sops)
+                solve_lanes(Wm, K[i], nnz, m, WA, CHUNK, *sops)
             for k, pt in enumerate(ad["pts"][1:], 1):
                 b.jac(Ys[pt], fz, cix, m, JP[k])
             ad["sec"](y, fz, cix, m, sc["D"])
             # the reverse sweep (permuted order)
             lamP, lamN = sc["lamP"], sc["lamN"]
             _gather_perm(lam, L, lanes, perm, m, lamP)
-            _adjoint_stages(lamP, lamN, sc["acc"], sc["U"], sc["UND"], JP, ad["ptslot"], ad["direct"],
-                            ad["A"], ad["C"], ad["mv"], h, ad["pr"], ad["pc"], sc["g"], Wm, nnz, n, m,
+            _adjoint_stages(lamP, lamN, sc["acc"], sc["U"], sc["UND"], JP, WJ, ad["ptslot"], ad["direct"],
+                            ad["A"], ad["C"], ad["mv"], h, ad["pr"], ad["pc"], sc["g"], Wm, WA, nnz, n, m,
                             *sops)
             P = sc["P"]
             _pair_products(sc["U"], K, ad["pa"], ad["pb"], m, P)
@@ -656,7 +693,7 @@ class Sensitivities:
                     c = tab.c[i][j]
                     if c != 0.0:
                         rp += (c / hh) * dk[j]
-                solve_lanes(sc["W"], rp, lu.nnz, m, m, CHUNK, *lu.solve_ops())
+                solve_lanes(sc["W"], rp, lu.nnz, m, self._tiles(m)[1], CHUNK, *lu.solve_ops())
                 dk[i] = rp
                 if tab.m[i] != 0.0:
                     dkn = np.empty(n * m)
