@@ -208,7 +208,7 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--hi", type=float, default=None)
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("demo", help="build, verify and solve the bundled example model (analytic vs FD)")
-    p.add_argument("--cells", type=int, default=48, help="grid cells of the solve (default 48, at most 1000)")
+    p.add_argument("--cells", type=int, default=200, help="grid cells of the solve (default 200, at most 1000)")
     _progress_arg(p)
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("kernel", help="print the generated kernel source (or tape) of a model")
