@@ -421,3 +421,32 @@ def test_cells_are_checked_before_compiled_code(doc8, leaf):
         with pytest.raises(JacError) as e:
             leaf.advance(u.copy(), 0.0, DT, forcing=fj, cells=cells)
         assert e.value.code == "bad_argument"
+
+
+def test_solve_outputs_at_t0_and_repeated_times(leaf):
+    """An output at t_span[0] is y0 itself and a repeated output time the same
+    state again (zero-length intervals take no step; they used to leave every
+    lane RUNNING, status -1); the other outputs are those of the same solve
+    without them, bit for bit; after the last output the solve goes on to
+    t_span[1]. Oracle: the outputs of leaf.advance calls chained by hand."""
+    L = 3
+    u, fj = _grid(leaf, L, 11)
+    plain = leaf.solve((0.0, DT), y0=u, t_eval=[300.0, DT], forcing=fj)
+    sol = leaf.solve((0.0, DT), y0=u, t_eval=[0.0, 300.0, 300.0, DT], forcing=fj)
+    assert sol.success, sol.message
+    assert np.all(sol.stats.status == 0) and sol.t == DT
+    assert np.array_equal(sol.y_eval[0], u)
+    assert np.array_equal(sol.y_eval[1], plain.y_eval[0]) and np.array_equal(sol.y_eval[2], sol.y_eval[1])
+    assert np.array_equal(sol.y_eval[3], plain.y_eval[1]) and np.array_equal(sol.y, plain.y)
+    assert sol.nsteps == plain.nsteps
+    # the last output before the end: y is the state at t_span[1]
+    early = leaf.solve((0.0, DT), y0=u, t_eval=[0.0, 300.0], forcing=fj)
+    v = u.copy()
+    s1 = leaf.advance(v, 0.0, 300.0, forcing=fj)
+    assert early.success and np.array_equal(early.y_eval[1], v)
+    leaf.advance(v, 300.0, DT - 300.0, forcing=fj, h0=s1.h.copy())
+    assert early.t == DT and np.array_equal(early.y, v)
+    # an empty span: nothing to do, y0 back, no step
+    empty = leaf.solve((5.0, 5.0), y0=u, forcing=fj)
+    assert empty.success and empty.t == 5.0 and empty.nsteps == 0
+    assert np.array_equal(empty.y, u) and np.array_equal(empty.y_eval[0], u)

@@ -665,9 +665,12 @@ class RosenbrockLeaf:
         """Integrate from ``t_span[0]`` to ``t_span[1]`` with output at ``t_eval``.
 
         ``y0``: see :meth:`initial_state` (default: the document's state).
-        ``t_eval``: increasing times inside ``t_span`` (default: the end
+        ``t_eval``: non-decreasing times inside ``t_span`` (default: the end
         only); each output interval is one :meth:`advance`, step sizes carried
-        over per lane, so the outputs are exact states, not interpolants.
+        over per lane, so the outputs are exact states, not interpolants. An
+        output at ``t_span[0]`` (or a repeated time) is the state already
+        reached, bit for bit; after the last output the solve continues to
+        ``t_span[1]``, so ``y`` is always the state at ``t``.
         ``rtol``/``atol`` override the leaf's for this call. Per-lane
         statistics are summed over the intervals.
         """
@@ -676,34 +679,43 @@ class RosenbrockLeaf:
         if te.size == 0 or np.any(np.diff(te) < 0) or te[0] < t0 or te[-1] > tf:
             raise JacError("bad_argument", f"t_eval must be increasing inside {(t0, tf)}")
         y = self.initial_state(y0)
-        self.lanes_of(y)                    # refuses a state that is not whole lanes
+        L = self.lanes_of(y)                # refuses a state that is not whole lanes
+        hv = None if h0 is None else self._h0(h0)
+        if isinstance(hv, np.ndarray) and hv.shape != (L,):
+            raise JacError("bad_argument", f"h0 per lane must have {L} values, got {hv.shape}")
+        hinit = np.zeros(L) if hv is None else np.broadcast_to(hv, (L,)).copy()
         saved = self.rtol, self.atol
         if rtol is not None:
             self.rtol = self._rtol(rtol)
         if atol is not None:
             self.atol = self._atol(atol)
+        # Output times equal to the time reached (te[0] == t0, repeated
+        # times) are zero-length intervals: the state is already there, no
+        # step is taken. After the last output the solve goes on to tf, so
+        # that ``y`` is the state at ``t`` (as solve_ivp's).
+        stops = [float(x) for x in te] + ([tf] if te[-1] < tf else [])
+        tot = LeafStats(np.zeros(L, np.int8), *(np.zeros(L, np.int64) for _ in _COUNTERS),
+                        hinit, np.full(L, t0))
         try:
-            ys = np.empty((te.size, y.size))
-            tot = None
+            ys = np.full((te.size, y.size), np.nan)
             t = t0
             h = h0
-            for k, tk in enumerate(te):
-                st = self.advance(y, t, tk - t, forcing, h0=h)
-                if tot is None:
-                    tot = LeafStats(*(np.array(getattr(st, f)) for f in ("status",) + _COUNTERS + ("h", "t")))
-                else:
+            for k, tk in enumerate(stops):
+                if tk > t:
+                    st = self.advance(y, t, tk - t, forcing, h0=h)
                     for f in _COUNTERS:
                         getattr(tot, f)[:] += getattr(st, f)
                     tot.h[:] = st.h
                     tot.t[:] = st.t
                     tot.status[:] = np.where(tot.status != 0, tot.status, st.status)
-                ys[k] = y
-                if tk > t and np.all(st.status == 0):
+                    if not st.success:
+                        if k < te.size:
+                            ys[k] = y           # failed lanes: their last accepted state
+                        break
                     h = np.array(st.h)
-                t = tk
-                if not st.success:
-                    ys[k + 1:] = np.nan
-                    break
+                    t = tk
+                if k < te.size:
+                    ys[k] = y
         finally:
             self.rtol, self.atol = saved
         tt = tot.totals()
