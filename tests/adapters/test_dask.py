@@ -389,3 +389,47 @@ def test_killed_worker_loses_no_result(client, case):
     assert np.array_equal(got, case["ref"]["lanesparseblocks"])
     # the nanny restarted it: the cluster is whole again
     client.wait_for_workers(2, timeout=120)
+
+
+_DASK_LATER_TASKS = r"""
+import dask
+import dask.array as da
+import numpy as np
+from esmjac.adapters import dask as ad
+from esmjac.models.gridded import gridded_tropo12
+from esmjac.runtime.programs import RhsProgram
+dask.config.set(scheduler="synchronous")         # the tasks run in this process, seen by the spy
+doc, forcing, _ = gridded_tropo12(8)
+u0 = np.asarray(RhsProgram.build(doc).u0, dtype=np.float64).reshape(15, 8)
+fj = np.linspace(0.2, 1.0, 8)[None, :]
+
+
+def run(u, f, w):
+    U, F = da.from_array(u, chunks=(15, w)), da.from_array(f, chunks=(1, w))
+    return (ad.rhs(doc, U, forcing=F).compute(), ad.jacobian(doc, U, forcing=F).compute(),
+            ad.advance(doc, U, (0.0, 600.0), forcing=F).u.compute())
+
+
+first = run(u0, fj, 4)                           # each process's first tasks build (load) its programs
+compiled()
+ro, fro = u0.copy(), fj.copy()
+ro.setflags(write=False)
+fro.setflags(write=False)
+again = run(ro, fro, 3)                          # read-only inputs, another chunk width
+same = all(np.array_equal(a, b) for a, b in zip(first, again))
+print("RESULT " + json.dumps({"new": compiled(), "same": same}))
+"""
+
+
+@pytest.mark.slow
+def test_no_numba_specialization_after_the_first_tasks(tmp_path):
+    """After a process's first tasks (which build its programs: the dask
+    route's build), later tasks compile nothing: read-only input chunks and
+    another chunk width reuse the compiled specializations (the block tasks
+    hand the kernels contiguous writable copies). Same bits either way."""
+    import os
+    from tests.support.child import run_child
+    from tests.support.compiles import SPY
+    res = run_child(SPY + _DASK_LATER_TASKS, os.environ.get("ESMJAC_CACHE_DIR", tmp_path), timeout=900)
+    assert res["new"] == [], f"kernels specialized in later tasks: {res['new']}"
+    assert res["same"]

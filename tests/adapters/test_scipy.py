@@ -217,29 +217,6 @@ def test_plugin_create():
     assert isinstance(prob, IvpProblem) and prob.method == "Radau"
 
 
-def test_build_compiles_everything_the_solve_calls():
-    # ivp() claims the first timed call is warm: the first fun/jac compile
-    # nothing (no new specialization of any esmjac kernel, no new module).
-    import sys
-    prob = ivp(TROPO)
-
-    def compiled():
-        mods = {n: m for n, m in sys.modules.items()
-                if n.startswith("esmjac_k") or n == "esmjac.runtime.kernels"}
-        sigs = {}
-        for n, m in mods.items():
-            for k, v in vars(m).items():
-                if hasattr(v, "signatures") and hasattr(v, "py_func"):
-                    sigs[(n, k)] = len(v.signatures)
-        return set(mods), sigs
-
-    before = compiled()
-    prob.fun(0.0, prob.y0)
-    prob.jac(0.0, prob.y0)
-    assert compiled() == before, "a kernel compiled inside the first solve call"
-    assert prob.nfev == 1 and prob.njev == 1
-
-
 def test_jac_writes_csc_directly_and_shares_index_arrays(tropo):
     """jac's values come from a Csc plan (no permutation per call): they equal
     the CSR plan's values converted by SciPy; index arrays are shared and
@@ -414,7 +391,14 @@ sol = prob.solve((0.0, 600.0), rtol=1e-6, atol=1e-3)
 sol_fd = prob.solve((0.0, 600.0), rtol=1e-6, atol=1e-3, jac=None, jac_sparsity=prob.jac_sparsity)
 assert sol.success and sol_fd.success
 assert np.all(np.isfinite(f0)) and np.all(np.isfinite(j0)) and np.any(f1 != f0)
-print("NEW", sorted(set(new)))
+# the CSR values (the Csc plan's, reordered) are jac's, in CSR order
+csr = prob.jac_csr(0.0, y)
+assert np.array_equal(csr.toarray(), j0) and np.array_equal(prob.jac_data(0.0, y), csr.data)
+first = list(new)
+lsoda = ivp(TROPO, method="LSODA", forcing={"fj": np.linspace(0.2, 1.5, 8)})
+del new[:]                               # (LSODA's build compiles its own CSR kernel)
+assert lsoda.solve((0.0, 600.0), rtol=1e-6, atol=1e-3).success
+print("NEW", sorted(set(first + new)))
 """
 
 
@@ -422,10 +406,12 @@ print("NEW", sorted(set(new)))
 def test_no_numba_specialization_after_build():
     # ivp() promises the first solve pays no compile: in a fresh process
     # (no other test's calls), the first fun/jac calls -- with solve_ivp's
-    # read-only y0, a writable y, an integer t -- and two BDF solves make
-    # no Numba dispatcher resolve a new signature (compiled or loaded from
-    # Numba's cache). Before the fix, the read-only y0 compiled every RHS
-    # and Jacobian kernel again inside the first solve (12 s CPU cold).
+    # read-only y0, a writable y, an integer t -- two BDF solves, the first
+    # jac_csr/jac_data (they used to bind and compile a CSR kernel on first
+    # use) and an LSODA solve after its build make no Numba dispatcher
+    # resolve a new signature (compiled or loaded from Numba's cache).
+    # Before the fix, the read-only y0 compiled every RHS and Jacobian
+    # kernel again inside the first solve (12 s CPU cold).
     import subprocess
     import sys
     code = f"TROPO = {TROPO!r}\n" + _FIRST_CALLS

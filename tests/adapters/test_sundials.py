@@ -479,3 +479,38 @@ def test_nonnegative_reads_negative_states_as_zero(make, y0):
     with pytest.raises(JacError) as exc:
         make(TROPO, nonnegative=None)
     assert exc.value.code == "bad_option"
+
+_SUNDIALS_FIRST_SOLVES = r"""
+import numpy as np
+from esmjac.adapters.sundials import cvode, ida
+from esmjac.models.gridded import gridded_tropo12
+doc, forcing, y0 = gridded_tropo12(8)
+ref = None
+out = {}
+for kind, ls in (("cvode", "auto"), ("cvode", "dense"), ("ida", "auto"), ("ida", "spgmr")):
+    make = cvode if kind == "cvode" else ida
+    prob = make(doc, forcing=forcing, y0=y0, linsolver=ls, rtol=1e-8, atol=1e-3)
+    compiled()                                   # the build's own compiles
+    res = prob.solve(np.linspace(0.0, 600.0, 4))
+    y = np.asarray(res.values.y)[-1]
+    ref = y if ref is None else ref
+    out[f"{kind} {ls}"] = [compiled(), float(np.max(np.abs(y - ref) / np.maximum(np.abs(ref), 1e3)))]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@needs_odes
+@pytest.mark.slow
+def test_no_numba_specialization_after_build(tmp_path):
+    """cvode()/ida() compile what their first solve runs: in a fresh process
+    no Numba dispatcher resolves a new signature inside the first solve of
+    CVODE (spgmr + block preconditioner; dense) or IDA (dense; spgmr). Before,
+    the callbacks' writable p/forcing recompiled the RHS drive, and the
+    lazily bound dense/J·v Jacobian calls compiled their kernels (drive,
+    lane_gather) inside the first solve. The four solutions agree."""
+    from tests.support.child import run_child
+    from tests.support.compiles import SPY
+    res = run_child(SPY + _SUNDIALS_FIRST_SOLVES, os.environ.get("ESMJAC_CACHE_DIR", tmp_path), timeout=900)
+    for route, (new, diff) in res.items():
+        assert new == [], f"{route}: kernels specialized inside the first solve: {new}"
+        assert diff < 1e-5, f"{route} differs from cvode auto by {diff:.1e}"

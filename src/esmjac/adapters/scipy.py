@@ -58,9 +58,10 @@ class _JacForms:
     csc_indptr: np.ndarray
     dense_pos: np.ndarray | None = None
     band_pos: np.ndarray | None = None
+    csr_from_csc: np.ndarray | None = None     # CSR entry k is the Csc plan's value csr_from_csc[k]
 
     def __post_init__(self):
-        for f in ("csc_indices", "csc_indptr", "dense_pos", "band_pos"):
+        for f in ("csc_indices", "csc_indptr", "dense_pos", "band_pos", "csr_from_csc"):
             v = getattr(self, f)
             if v is not None:
                 object.__setattr__(self, f, readonly(v))
@@ -75,7 +76,8 @@ class _Calls:
     nnz: int                   # values per Jacobian (plan.out_size at the workspace's lanes)
     run_f: Any                 # bound RHS call
     run_csc: Any = None        # bound Jacobian into the Csc plan (BDF/Radau)
-    run_csr: Any = None        # bound Jacobian into the Csr plan (LSODA, jac_data; bound on first use)
+    run_csr: Any = None        # bound Jacobian into the Csr plan (LSODA; BDF/Radau reorder run_csc's)
+    csc_buf: Any = None        # run_csc's values for jac_data (BDF/Radau)
     pool_f: list = field(default_factory=list)    # fun's outputs (fresh_array)
     pool_j: list = field(default_factory=list)    # jac's (csc_matrix, values, indices, indptr) (_free_matrix)
     pool_d: list = field(default_factory=list)    # jac_data's outputs (fresh_array)
@@ -138,9 +140,20 @@ class IvpProblem(Problem):
         """The Jacobian's values in CSR order of ``plan`` (the caller's for
         as long as it holds them, as ``fun``'s output)."""
         c = self._calls
+        if c.run_csr is None:
+            # BDF/Radau: the Csc plan's values (the kernel the build
+            # compiled), reordered -- no second kernel to compile on first use
+            data = fresh_array(c.pool_d, c.nnz)
+            if c.run_csc is None:           # an explicit method: no jac, bound on request
+                c.run_csc = self.jacobian.bind(self.jacobian.plan(Csc(), source=self.rhs), c.ws,
+                                               keep_point=False)
+            with_threads(self.threads, c.run_csc, _state(y),
+                         self.p, float(t), self.forcing, c.csc_buf)
+            perm = self._forms.csr_from_csc
+            assert perm is not None                 # set at build for every method but LSODA
+            np.take(c.csc_buf, perm, out=data)
+            return data
         data = fresh_array(c.pool_d, c.nnz, c.run_csr)
-        if c.run_csr is None:               # BDF/Radau use the Csc plan; CSR only on request
-            c.run_csr = self.jacobian.bind(self.plan, c.ws, keep_point=False)
         with_threads(self.threads, c.run_csr, _state(y),
                      self.p, float(t), self.forcing, data)
         return data
@@ -355,10 +368,17 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
                    run_csr=j.bind(plan, ws, keep_point=False) if method == "LSODA" else None,
                    csc_matrix=csc_matrix)
     csc = j.plan(Csc(), source=r)
-    if METHODS[method] and method != "LSODA":
-        calls.run_csc = j.bind(csc, ws, keep_point=False)
     ip, ix, _ = csc.sparse_index(ws.lanes)
-    forms = _JacForms(readonly_index(ix), readonly_index(ip), dense_pos, band_pos)
+    csr_from_csc = None
+    if method != "LSODA":
+        # jac_data/jac_csr reorder the Csc plan's values (BDF/Radau: the
+        # binding jac uses, warmed below; the explicit methods bind it on
+        # their first jac_data call)
+        if METHODS[method]:
+            calls.run_csc = j.bind(csc, ws, keep_point=False)
+        calls.csc_buf = np.empty(calls.nnz)
+        csr_from_csc = _csr_from_csc(rows, cols, ix, ip, n)
+    forms = _JacForms(readonly_index(ix), readonly_index(ip), dense_pos, band_pos, csr_from_csc)
     pattern = csc_matrix((np.ones(ix.size), forms.csc_indices, forms.csc_indptr), shape=(n, n))
     prob = IvpProblem(r, j, plan, readonly(yv), r.names, readonly(pv),
                       None if fv is None else readonly(fv), method, bool(banded), lband, uband,
@@ -370,6 +390,20 @@ def ivp(source, *, model=None, method="BDF", p=None, forcing=None, y0=None, band
     _warm_calls(prob.fun, prob.jac if METHODS[method] else None, yv)
     prob.reset_counters()
     return prob
+
+
+def _csr_from_csc(rows, cols, csc_indices, csc_indptr, n: int) -> np.ndarray:
+    """For each CSR entry (``rows``/``cols`` in CSR data order), its position
+    in the Csc plan's values: the same pattern in the other order (columns
+    ascending, rows ascending within each)."""
+    counts = np.diff(np.asarray(csc_indptr, dtype=np.int64)).astype(np.int64)
+    ccols = np.repeat(np.arange(n, dtype=np.int64), counts)
+    key_csc = ccols * n + np.asarray(csc_indices, dtype=np.int64)
+    key_csr = cols * n + rows
+    perm = np.searchsorted(key_csc, key_csr)
+    if perm.size != key_csc.size or np.any(np.diff(key_csc) <= 0) or not np.array_equal(key_csc[perm], key_csr):
+        raise JacError("internal_error", "the Csc and Csr plans of one Jacobian differ in pattern")
+    return perm
 
 
 def _warm_calls(fun, jac, y0) -> None:

@@ -39,11 +39,13 @@ import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Callable
+from types import SimpleNamespace
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .._frozen import readonly
 from ..errors import JacError, SolverFailed
 from ..layouts.plans import column_split
 from ..layouts.types import ColumnBanded, LaneSparseBlocks
@@ -584,6 +586,11 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
 
     r, j, plan = build_programs(source, model, build_options)
     yv, pv, fv = inputs(r, y0, p, forcing, source, model)
+    # Read-only, as the bindings' build-time warm calls pass them (Numba
+    # compiles one specialization per writability: writable copies here
+    # recompiled the RHS drive inside the first solve).
+    pv = readonly(pv)
+    fv = None if fv is None else readonly(fv)
     rows, cols, n = csr_pattern(plan)
     linsolver, precond, jtimes, note = _choose(kind, linsolver, precond, jtimes, j, n, jacobian)
     st = _State.new(r, j, plan, thread_count(threads, n))
@@ -752,11 +759,41 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
                            shown, fns.get("rhsfn"), fns.get("resfn"), fns.get("jacfn"),
                            fns.get("jac_times_setupfn"), fns.get("jac_times_vecfn"),
                            fns.get("prec_setupfn"), fns.get("prec_solvefn"), note, _state=st)
+    def warm_callbacks() -> None:
+        """Each callback the solver was given, once, with arguments as
+        SUNDIALS passes them (writable float64 vectors, a float t): binds
+        the lazily bound Jacobian calls and compiles what they run, so the
+        first solve compiles nothing (Numba specializes on writability)."""
+        y = np.array(yv, dtype=np.float64)
+        out, v, Jv, z = np.empty(n), np.zeros(n), np.empty(n), np.empty(n)
+        yp = np.zeros(n)
+        if kind == "cvode":
+            fns["rhsfn"](0.0, y, out)
+        else:
+            fns["resfn"](0.0, y, yp, out)
+        if "jacfn" in fns:
+            eval_dense(0.0, y)              # jacfn's compiled part (its n x n J is SUNDIALS')
+        if "prec_setupfn" in fns:
+            fns["prec_setupfn"](0.0, y, False, SimpleNamespace(value=False), 0.0)
+        if kind == "cvode":
+            if "jac_times_setupfn" in fns:
+                fns["jac_times_setupfn"](0.0, y, out)
+            if "jac_times_vecfn" in fns:
+                fns["jac_times_vecfn"](v, Jv, 0.0, y)
+        else:
+            if "jac_times_setupfn" in fns:
+                fns["jac_times_setupfn"](0.0, y, yp, out, 1.0)
+            if "jac_times_vecfn" in fns:
+                fns["jac_times_vecfn"](0.0, y, yp, out, v, Jv, 1.0)
+        if "prec_solvefn" in fns:
+            fns["prec_solvefn"](0.0, y, out, z, 0.0, 0.0, 1)
+        st.jv_ready = False
+
     if st.threads == "measure":
         st.threads = None
-        _warm(prob, fns)                    # compile both twins before timing
+        _warm(prob, warm_callbacks)         # compile both twins before timing
         st.threads = measure_threads(lambda: (prob.f(0.0, yv), prob.jv(0.0, yv, yv)))
-    _warm(prob, fns)
+    _warm(prob, warm_callbacks)
     return prob
 
 
@@ -812,27 +849,32 @@ def _choose(kind, linsolver, precond, jtimes, j, n, jacobian) -> tuple:
                                 if block else ")"))
 
 
-def _warm(prob: "SundialsProblem", fns: dict) -> None:
+def _warm(prob: "SundialsProblem", callbacks: Callable[[], None]) -> None:
     """Compile every kernel the solver's callbacks reach (RHS, Jacobian
-    scatter, J·v, preconditioner blocks) before the first timed call, at
-    the thread count the solve runs with; counters are reset afterwards."""
+    scatter, J·v, preconditioner blocks) and the user-facing ``f``/``jv``
+    before the first timed call, at the thread count the solve runs with;
+    counters, the preconditioner and the callbacks' error slots are reset
+    afterwards. A point the model cannot be evaluated at is the solve's
+    business (``evaluation_error``), any other callback error is raised."""
     y = prob.y0
+    st = prob._state
     try:
         prob.f(0.0, y)
         if prob.linsolver in _KRYLOV[prob.kind] or prob.jacfn is not None:
             prob.jv(0.0, y, np.zeros_like(y))
-        pc = prob._state.pc
-        if pc is not None:
-            prob._run(pc.evaluate, 0.0, y, prob.p, prob.forcing)
-            pc.factor(0.0)
-            prob._run(pc.solve, y, np.empty_like(y))
-            pc.reset()
+        st.error = None
+        callbacks()
     except JacError as exc:
         if exc.code != "evaluation_error":
             raise
     except np.linalg.LinAlgError:
         pass
+    err, st.error, st.soft_error = st.error, None, None
+    if st.pc is not None:
+        st.pc.reset()
     prob.reset_counters()
+    if err is not None and not (isinstance(err, JacError) and err.code == "evaluation_error"):
+        raise err
 
 
 def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
