@@ -16,8 +16,9 @@ _PROGRESS = {"auto": None, "on": True, "off": False}
 
 def _progress_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", choices=list(_PROGRESS), default="auto",
-                   help="build progress on stderr: auto (a bar on a terminal, after 2 s; "
-                        "nothing in pipes), on (a bar, or one line per stage), off")
+                   help="progress of long work on stderr: auto (a bar on a terminal, after 2 s; "
+                        "in a pipe, one line per phase longer than 2 s), on (a bar, or a line "
+                        "per stage), off")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -69,7 +70,7 @@ CHECK_EXIT = {0: "the Jacobian agrees with finite differences at every point",
 def cmd_check(args) -> int:
     from .reference.check import fd_check
     rep = fd_check(args.file, model=args.model, points=args.points, lo=args.lo, hi=args.hi,
-                   rtol=args.rtol, atol=args.atol, seed=args.seed)
+                   rtol=args.rtol, atol=args.atol, seed=args.seed, progress=_PROGRESS[args.progress])
     print(rep.summary())
     for r, c, v in rep.uncovered[:10]:
         print(f"  uncovered: d {r} / d {c} = {v:.6g} (finite differences; not in the stored pattern)")
@@ -206,6 +207,7 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--lo", type=float, default=None,
                    help="with --hi: draw states uniformly from [lo, hi] instead")
     p.add_argument("--hi", type=float, default=None)
+    _progress_arg(p)
     p.set_defaults(fn=cmd_check)
     p = sub.add_parser("demo", help="build, verify and solve the bundled example model (analytic vs FD)")
     p.add_argument("--cells", type=int, default=200, help="grid cells of the solve (default 200, at most 1000)")
@@ -235,6 +237,10 @@ def main(argv: list | None = None) -> int:
     p.set_defaults(fn=cmd_bench)
     ap.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     args = ap.parse_args(argv)
+    from .runtime.progress import set_pipe_default
+    # --progress auto in a pipe: one line per phase longer than 2 s (a
+    # library call's default there is silence); restored on return
+    prev = set_pipe_default("phases" if getattr(args, "progress", "off") == "auto" else "off")
     try:
         return args.fn(args)
     except JacError as exc:
@@ -248,3 +254,5 @@ def main(argv: list | None = None) -> int:
         print(f"esmjac: error [internal_error]: {type(exc).__name__}: {exc} (rerun with --debug for "
               "the traceback)", file=sys.stderr)
         return 3
+    finally:
+        set_pipe_default(prev)

@@ -450,3 +450,78 @@ def test_solve_outputs_at_t0_and_repeated_times(leaf):
     empty = leaf.solve((5.0, 5.0), y0=u, forcing=fj)
     assert empty.success and empty.t == 5.0 and empty.nsteps == 0
     assert np.array_equal(empty.y, u) and np.array_equal(empty.y_eval[0], u)
+
+
+_LEAF_FIRST_CALLS = r"""
+import numpy as np
+from esmjac.adapters.native import rosenbrock
+from esmjac.models.gridded import gridded_tropo12
+doc, forcing, y0 = gridded_tropo12(8)
+out = {}
+leaf = rosenbrock(doc, forcing=forcing, rtol=1e-4, threads=1)
+compiled()                                           # the build's own compiles
+u = leaf.initial_state()
+st = leaf.advance(u, 0.0, 600.0)
+out["advance"] = compiled()
+ok = bool(st.success)
+st = leaf.advance(u, 600.0, 600.0, h0=st.h.copy())
+ro = u.copy()
+ro.setflags(write=False)
+fj = np.array(forcing["fj"])
+fj.setflags(write=False)
+st2 = leaf.advance(ro, 1200.0, 600.0, forcing=fj, out=np.empty_like(u))
+big = np.repeat(u.reshape(15, -1), 40, axis=1).reshape(-1)
+st3 = leaf.advance(big, 0.0, 600.0, forcing={"fj": 0.5}, h0=10.0)
+sol = leaf.solve((0.0, 1200.0), t_eval=[0.0, 600.0, 1200.0])
+out["later calls"] = compiled()
+ok = ok and st.success and st2.success and st3.success and sol.success
+print("RESULT " + json.dumps({"new": out, "ok": ok}))
+"""
+
+
+@pytest.mark.slow
+def test_no_numba_specialization_after_build(tmp_path):
+    """rosenbrock() compiles what the first advance runs: in a fresh process
+    no Numba dispatcher resolves a new signature in the first advance, nor
+    in later ones with other argument kinds (h0 per lane or scalar, a
+    read-only state into out=, a read-only forcing, a dict forcing, 320
+    lanes whose cells finish at different steps) or solve. Before, the
+    first advance compiled the whole stepper (18 s on a cold cache at
+    10,000 cells)."""
+    import os
+    from tests.support.child import run_child
+    from tests.support.compiles import SPY
+    res = run_child(SPY + _LEAF_FIRST_CALLS, os.environ.get("ESMJAC_CACHE_DIR", tmp_path), timeout=900)
+    assert res["ok"]
+    for phase, new in res["new"].items():
+        assert new == [], f"{phase}: kernels specialized after the build: {new}"
+
+
+def test_long_calls_report_progress(doc8, leaf, monkeypatch):
+    """With the build option progress=True, an advance or solve that runs
+    past DELAY prints plain lines on stderr in a pipe (lanes done, output
+    times done); a short one says nothing (a host model calls advance
+    thousands of times); the default (None) says nothing in a pipe."""
+    import io
+    from esmjac.runtime import progress
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    loud = rosenbrock(doc8, rtol=1e-6, threads=1, options={"progress": True})
+    u, fj = _grid(loud, 8, 3)
+    err.seek(0)
+    err.truncate(0)
+    loud.advance(u.copy(), 0.0, DT, forcing=fj)
+    assert err.getvalue() == ""                      # shorter than DELAY
+    monkeypatch.setattr(progress, "DELAY", 0.0)      # every call is "long"
+    loud.advance(u.copy(), 0.0, DT, forcing=fj)
+    assert "[esmjac] leaf advance: 8/8 lanes" in err.getvalue()
+    loud.solve((0.0, DT), y0=u, t_eval=[0.0, 600.0], forcing=fj)
+    assert "[esmjac] leaf solve: 3/3 output times" in err.getvalue()
+    loud.gradient(u.copy(), 0.0, 600.0, np.ones(u.size), forcing=fj, wrt="state")
+    assert "[esmjac] leaf gradient: forward steps, recorded" in err.getvalue()
+    assert "[esmjac] leaf gradient: adjoint over" in err.getvalue()
+    err.seek(0)
+    err.truncate(0)
+    leaf.advance(u.copy(), 0.0, DT, forcing=fj)      # progress=None: quiet in a pipe
+    leaf.solve((0.0, DT), y0=u, t_eval=[0.0, 600.0], forcing=fj)
+    assert err.getvalue() == ""

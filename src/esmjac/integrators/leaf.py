@@ -35,6 +35,8 @@ from ..model.layout import key_base
 from ..model.timefield import explicit_time, time_as_parameter
 from ..runtime import checks
 from ..runtime.programs import JacobianProgram, RhsProgram, model_view
+from ..runtime import progress as _progress
+from ..runtime.progress import Task, task
 from ..runtime.threads import numba_threads, pin_one_thread, worker_count
 from ..runtime.workspace import lane_cells
 from .bound import BoundPrograms
@@ -103,6 +105,10 @@ def block_lanes(n: int, nnz: int, stages: int, n_forcing: int) -> int:
         lanes *= 2
     return min(lanes, BLOCK_LANES)
 
+
+#: Lazily compiled paths already run in this process, per leaf programs
+#: (:meth:`RosenbrockLeaf._first`): their first call says it compiles.
+_LAZY_DONE: set = set()
 
 #: The per-lane counters of :class:`LeafStats` (summed by ``totals``).
 _COUNTERS = ("nsteps", "naccept", "nreject", "nfev", "njev", "ndec")
@@ -253,6 +259,7 @@ class RosenbrockLeaf:
         self._sens: dict = {}
         self.precision = "double"       # set by rosenbrock(precision=...)
         self.source, self.model, self.options = None, None, None
+        self.progress = None            # long calls on stderr (runtime.progress; the build option)
 
     # -- what the sensitivities read (read-only) ------------------------------
     @property
@@ -499,6 +506,38 @@ class RosenbrockLeaf:
                                             initializer=pin_one_thread)
         return self._pool
 
+    def _warm(self) -> None:
+        """Two short advances of two copies of the document's first cell,
+        discarded, so that the build compiles (or loads from Numba's cache)
+        every stepper kernel a host model's first timed advance runs: one in
+        place with writable arrays, one into ``out=`` from a read-only state
+        and forcing whose lanes finish at different steps (Numba specializes
+        on writability, not on lane counts). A forcing callable (other
+        kernels) compiles at its first advance, with progress."""
+        L = 2
+        nf = len(self.forcing_names)
+        f = np.ones(nf * L)
+        f0 = self.rhs_program.forcing0
+        if nf and f0 is not None:
+            f0 = np.asarray(f0, dtype=np.float64).reshape(len(self._program_forcing), -1)[:, 0]
+            f = np.repeat([v for k, v in zip(self._program_forcing, f0) if k != self.time_field], L)
+        keys = set(self._scratch)
+        try:
+            u = self.initial_state(lanes=L)
+            self._advance(u, 0.0, 1.0, f if nf else None, None, None, None)
+            u = self.initial_state(lanes=L)
+            u.setflags(write=False)
+            f.setflags(write=False)
+            # lane 0 ends after one step, lane 1 after eight: the lane
+            # compaction's kernels run too
+            self._advance(u, 0.0, 1e-3, f if nf else None, np.empty_like(u), np.array([1e-3, 1.25e-4]), None)
+        except JacError as exc:             # a document state the model cannot step from:
+            if exc.code != "evaluation_error":      # the solve's business, not the build's
+                raise
+        finally:
+            for k in set(self._scratch) - keys:
+                self._scratch.pop(k, None)
+
     # -- the host-model call ------------------------------------------------
     def advance(self, u: np.ndarray, t0: float, dt: float, forcing=None, out: np.ndarray | None = None,
                 *, h0=None, cells: np.ndarray | None = None) -> LeafStats:
@@ -526,7 +565,23 @@ class RosenbrockLeaf:
         ``stats.failed``; other lanes are unaffected. Raises
         :class:`~esmjac.errors.JacError` only for bad arguments.
         """
-        return self._advance(u, t0, dt, forcing, out, h0, None, cells)
+        with self._task("leaf advance", "lanes") as prog:
+            return self._advance(u, t0, dt, forcing, out, h0, None, cells, prog)
+
+    def _task(self, what: str, unit: str = "") -> Task:
+        """Progress of a call (``self.progress``: the build option), shown
+        only once it has run :data:`~esmjac.runtime.progress.DELAY` seconds
+        (a host model calls ``advance`` thousands of times)."""
+        return task(self.progress, what, None, unit, min_s=_progress.DELAY)
+
+    def _first(self, what: str) -> str:
+        """`` (first ... in this process: compiles its kernels)`` the first
+        time a lazily compiled path runs for these programs, else ``""``."""
+        key = (what, id(self.rhs_program), id(self.jac_program))
+        if key in _LAZY_DONE:
+            return ""
+        _LAZY_DONE.add(key)
+        return f" (first {what} in this process: compiles its kernels)"
 
     def _cells_arg(self, cells, L: int) -> np.ndarray:
         """``cells`` checked (dtype, size, each index inside its dimension)
@@ -542,7 +597,7 @@ class RosenbrockLeaf:
                 raise JacError("bad_argument", f"cells of dimension {d} must lie in 1..{nd}")
         return cells
 
-    def _advance(self, u, t0, dt, forcing, out, h0, records, cells=None) -> LeafStats:
+    def _advance(self, u, t0, dt, forcing, out, h0, records, cells=None, prog: Task | None = None) -> LeafStats:
         self._check_state("u", u, out is None)
         L = self.lanes_of(u)
         if out is None:
@@ -594,14 +649,20 @@ class RosenbrockLeaf:
             # worker k runs blocks k, k + nth, ... one after the other
             work = [[(steppers[i], blocks[i]) for i in range(k, len(blocks), nth)] for k in range(nth)]
             work = [w for w in work if w]
+            if prog is not None:
+                prog.set_total(L)
+                if fcall is not None and self.time_field is None:
+                    first = self._first("advance with a forcing callable")
+                    if first:
+                        prog.phase(f"{L} lanes{first}")
             if len(work) == 1:
-                self._run_blocks(work[0], args, rest)
+                self._run_blocks(work[0], args, rest, True, prog)
             else:
                 pool = self._executor(len(work))
-                futs = [pool.submit(self._run_blocks, w, args, rest, False) for w in work[1:]]
+                futs = [pool.submit(self._run_blocks, w, args, rest, False, prog) for w in work[1:]]
                 err = None
                 try:
-                    self._run_blocks(work[0], args, rest)
+                    self._run_blocks(work[0], args, rest, True, prog)
                 except BaseException as exc:        # noqa: BLE001 - wait for the workers first
                     err = exc
                 for fu in futs:
@@ -619,17 +680,22 @@ class RosenbrockLeaf:
             stepper.run(*args, block[0], block[1], *rest)
 
     @staticmethod
-    def _run_blocks(work, args, rest, own_thread: bool = True) -> None:
+    def _run_blocks(work, args, rest, own_thread: bool = True, prog: Task | None = None) -> None:
         """Integrate the lane blocks ``work`` ((stepper, (first lane, count))
         pairs) one after the other on this thread (a pool worker already runs
-        one-thread kernels: ``own_thread=False``)."""
+        one-thread kernels: ``own_thread=False``), counting their lanes in
+        ``prog``."""
         if own_thread:
             with numba_threads(1):
                 for st, (a, c) in work:
                     st.run(*args, a, c, *rest)
+                    if prog is not None:
+                        prog.update(c)
         else:
             for st, (a, c) in work:
                 st.run(*args, a, c, *rest)
+                if prog is not None:
+                    prog.update(c)
 
     # -- standalone integration --------------------------------------------
     def initial_state(self, y0=None, lanes: int | None = None) -> np.ndarray:
@@ -696,13 +762,15 @@ class RosenbrockLeaf:
         stops = [float(x) for x in te] + ([tf] if te[-1] < tf else [])
         tot = LeafStats(np.zeros(L, np.int8), *(np.zeros(L, np.int64) for _ in _COUNTERS),
                         hinit, np.full(L, t0))
+        prog = self._task("leaf solve", "output times")
+        prog.set_total(len(stops))
         try:
             ys = np.full((te.size, y.size), np.nan)
             t = t0
             h = h0
             for k, tk in enumerate(stops):
                 if tk > t:
-                    st = self.advance(y, t, tk - t, forcing, h0=h)
+                    st = self._advance(y, t, tk - t, forcing, None, h, None)
                     for f in _COUNTERS:
                         getattr(tot, f)[:] += getattr(st, f)
                     tot.h[:] = st.h
@@ -716,8 +784,10 @@ class RosenbrockLeaf:
                     t = tk
                 if k < te.size:
                     ys[k] = y
+                prog.update()
         finally:
             self.rtol, self.atol = saved
+            prog.close()
         tt = tot.totals()
         return LeafSolution(float(tf if tot.success else tot.t.min()), y, te, ys, tot, tot.success,
                             tot.message, tt["nsteps"], tt["naccept"], tt["nreject"], tt["nfev"],
@@ -734,6 +804,7 @@ class RosenbrockLeaf:
                                reuse=self.reuse, max_jac_age=self.max_jac_age, hold=self.hold,
                                max_abs=self.max_abs, nonnegative=self.nonnegative)
         other.source, other.model, other.options = self.source, self.model, self.options
+        other.progress = self.progress
         return other
 
     def _sensitivities(self, wrt_parameters: bool):
@@ -778,15 +849,18 @@ class RosenbrockLeaf:
         bad = [w for w in wrt if w not in ("state", "parameters")]
         if bad or not wrt:
             raise JacError("bad_option", f"wrt must name 'state' and/or 'parameters', got {wrt!r}")
-        L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
-        lam = np.array(dphi(y.copy()) if callable(dphi) else dphi, dtype=np.float64).reshape(-1)
-        if lam.shape != y.shape or not np.all(np.isfinite(lam)):
-            raise JacError("bad_argument", f"dphi must give {y.size} finite values (like u0)")
-        sens = self._sensitivities("parameters" in wrt)
-        gp = np.zeros(sens.jp.col_size(L)) if sens.jp is not None else None
-        lam = np.ascontiguousarray(lam)
-        with numba_threads(1):
-            sens.adjoint(records, lam, fz if fz is not None else np.zeros(1), cix, L, gp)
+        with self._task("leaf gradient") as prog:
+            prog.phase("forward steps, recorded")
+            L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
+            lam = np.array(dphi(y.copy()) if callable(dphi) else dphi, dtype=np.float64).reshape(-1)
+            if lam.shape != y.shape or not np.all(np.isfinite(lam)):
+                raise JacError("bad_argument", f"dphi must give {y.size} finite values (like u0)")
+            sens = self._sensitivities("parameters" in wrt)
+            gp = np.zeros(sens.jp.col_size(L)) if sens.jp is not None else None
+            lam = np.ascontiguousarray(lam)
+            prog.phase(f"adjoint over {len(records)} recorded steps{self._first('gradient')}")
+            with numba_threads(1):
+                sens.adjoint(records, lam, fz if fz is not None else np.zeros(1), cix, L, gp)
         return y, lam, (self._unpack_params(gp, L) if gp is not None else None), stats
 
     def _forward(self, u0, t0, dt, forcing) -> tuple:
@@ -806,7 +880,13 @@ class RosenbrockLeaf:
         ``t0 + dt`` along ``du0`` (like ``u0``; None = 0) and ``dp`` (a dict
         over :attr:`parameter_columns`: a number, or per lane for per-cell
         columns). Returns ``(y_final, dy_final, stats)``."""
-        L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
+        with self._task("leaf tangent") as prog:
+            prog.phase("forward steps, recorded")
+            L, y, stats, records, fz, cix = self._forward(u0, t0, dt, forcing)
+            prog.phase(f"tangent over {len(records)} recorded steps{self._first('tangent')}")
+            return self._tangent(L, y, stats, records, fz, cix, du0, dp)
+
+    def _tangent(self, L, y, stats, records, fz, cix, du0, dp):
         dy = np.zeros_like(y) if du0 is None else np.array(du0, dtype=np.float64).reshape(-1)
         if dy.shape != y.shape:
             raise JacError("bad_argument", f"du0 must have {y.size} values (like u0)")
@@ -999,4 +1079,6 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                           max_abs=max_abs, nonnegative=nonnegative)
     leaf.precision = precision
     leaf.source, leaf.model, leaf.options = source, model, options
+    leaf.progress = (options or {}).get("progress")
+    leaf._warm()
     return leaf

@@ -45,6 +45,7 @@ import numpy as np
 from ..calculus.bandset import BandSet
 from ..errors import JacError, typed_errors
 from ..model.layout import element_names, ode_states, resolve_point
+from ..runtime.progress import Task, task
 from .oracle import assemble
 
 __all__ = ["FDReport", "fd_check", "rhs_vector", "MAGNITUDES"]
@@ -302,13 +303,21 @@ def _nonfinite_at_document_state(bs, view, flat, names: list, states: list) -> l
 @typed_errors
 def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0,
              rtol: float = 1e-5, atol: float = 0.0, lo: float | None = None,
-             hi: float | None = None) -> FDReport:
+             hi: float | None = None, progress: bool | None = None) -> FDReport:
     """Compare the assembled Jacobian with central differences of
     ``earthsci_ast.evaluate_rhs`` at ``points`` states (parameters at their
     defaults); see the module docstring for where, with which steps and to
     what tolerance (``rtol``, ``atol``). The RHS and the Jacobian must be
     finite at the document's own state. ``lo``/``hi`` (both or neither)
-    sample uniformly from [lo, hi] instead of around the document's state."""
+    sample uniformly from [lo, hi] instead of around the document's state.
+    ``progress``: the derivation, the document-state check and the
+    finite-difference columns shown on stderr (:mod:`esmjac.runtime.progress`:
+    None = a bar on a terminal after 2 s)."""
+    with task(progress, "check", unit="FD columns") as prog:
+        return _fd_check(source, model, points, seed, rtol, atol, lo, hi, prog)
+
+
+def _fd_check(source, model, points, seed, rtol, atol, lo, hi, prog: Task) -> FDReport:
     if (lo is None) != (hi is None):
         raise JacError("bad_option", "give both lo and hi (a uniform range) or neither "
                        "(sample around the document's state)")
@@ -316,15 +325,18 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
         raise JacError("bad_option", f"points must be >= 1, not {points}")
     if not (rtol >= 0 and atol >= 0 and np.isfinite(rtol) and np.isfinite(atol)):
         raise JacError("bad_option", f"rtol and atol must be finite and >= 0, not {rtol!r}, {atol!r}")
+    prog.phase("deriving the Jacobian")
     bs = source if isinstance(source, BandSet) else BandSet.build(source, model, "states")
     view = bs.view
     states = ode_states(view)
     names = element_names(view, states)
     n = len(names)
+    prog.set_total(points * n)
     rep = FDReport(n, 0, points, rtol=float(rtol), atol=float(atol))
     if n == 0:          # nothing is integrated: there is no Jacobian to check
         return rep
     flat = _flat(view)
+    prog.phase("the right-hand side and the Jacobian at the document's state")
     rep.nonfinite.extend(_nonfinite_at_document_state(bs, view, flat, names, states))
     rng = np.random.default_rng(seed)
     ref, scale = _reference_state(view, states)
@@ -343,6 +355,7 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
             base = np.where(ref != 0.0, ref, scale)
             y = base * 10.0 ** (m * rng.uniform(-1.0, 1.0, n))
         t = 0.0 if k == 0 else float(rng.uniform(0.0, 1.0))
+        prog.phase(f"point {k + 1} of {points}: the Jacobian and {n} finite-difference columns")
         try:
             a = assemble(bs, u=dict(zip(names, y)), t=t)
         except JacError as exc:
@@ -368,6 +381,7 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
                 hj = 0.5 * (yp[j] - ym[j])              # the step actually taken
                 h[j] = hj
                 F[:, j] = (rhs_vector(flat, names, yp, t) - rhs_vector(flat, names, ym, t)) / (2 * hj)
+                prog.update()
             f0 = rhs_vector(flat, names, y, t)
         except Exception as exc:        # noqa: BLE001 - earthsci_ast: non-finite derivatives
             if type(exc).__module__.split(".")[0] != "earthsci_ast":
