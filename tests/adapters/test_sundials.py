@@ -456,16 +456,23 @@ def test_cvode_above_the_serial_threshold_with_default_threads(y0, reference):
 
 @needs_odes
 @pytest.mark.parametrize("make", [sundials.cvode, sundials.ida])
-def test_nonnegative_reads_negative_states_as_zero(make, y0):
-    """nonnegative=True: the callbacks evaluate the RHS at max(y, 0) in a
-    copy, never touching the solver's y; off by default."""
+def test_negative_read_as_zero_reads_negative_states_as_zero(make, y0):
+    """negative="read_as_zero": the callbacks evaluate the RHS at max(y, 0)
+    in a copy, never touching the solver's y; off by default. The deprecated
+    nonnegative=True says the same, with a DeprecationWarning; the leaf's
+    values ("fail", "clip") are refused with a typed error."""
     y = y0.copy()
     y[::7] *= -1.0
     want_clipped = ivp(TROPO, forcing={"fj": FJ}, y0=y0).fun(0.0, np.maximum(y, 0.0))
     want_raw = ivp(TROPO, forcing={"fj": FJ}, y0=y0).fun(0.0, y)
     assert not np.allclose(want_clipped, want_raw)
-    for kw, want in ((dict(nonnegative=True), want_clipped), (dict(), want_raw)):
-        prob = make(TROPO, forcing={"fj": FJ}, y0=y0, **kw)
+    for kw, want in ((dict(negative="read_as_zero"), want_clipped), (dict(), want_raw),
+                     (dict(nonnegative=True), want_clipped)):
+        if "nonnegative" in kw:
+            with pytest.warns(DeprecationWarning, match="read_as_zero"):
+                prob = make(TROPO, forcing={"fj": FJ}, y0=y0, **kw)
+        else:
+            prob = make(TROPO, forcing={"fj": FJ}, y0=y0, **kw)
         seen = y.copy()
         out = np.empty_like(y)
         if make is sundials.cvode:
@@ -476,9 +483,11 @@ def test_nonnegative_reads_negative_states_as_zero(make, y0):
         np.testing.assert_array_equal(seen, y)      # the solver's state is untouched
         np.testing.assert_allclose(out, want, rtol=1e-13)
         assert prob.counters()["nnegative"] == (1 if kw else 0)
-    with pytest.raises(JacError) as exc:
-        make(TROPO, nonnegative=None)
-    assert exc.value.code == "bad_option"
+    for bad in (dict(negative="fail"), dict(negative=True), dict(nonnegative="yes"),
+                dict(negative="read_as_zero", nonnegative=True)):
+        with pytest.raises(JacError) as exc:
+            make(TROPO, **bad)
+        assert exc.value.code == "bad_option"
 
 _SUNDIALS_FIRST_SOLVES = r"""
 import numpy as np

@@ -63,12 +63,22 @@ def test_the_growth_bound_and_non_negativity_are_user_settable():
     # (slower) may meet its pole first: failed either way, never past 1.5
     assert st.status[0] == 7 and st.status[1] in (6, 7) and np.all(np.abs(u) <= 1.5)
     assert np.all(st.status[2:] == 0)
-    lf = rosenbrock(_square(4), rtol=1e-6, threads=1, nonnegative=True)
+    lf = rosenbrock(_square(4), rtol=1e-6, threads=1, negative="fail")
     u = u0.copy()
     st = lf.advance(u, 0.0, 0.5)
     assert list(st.status[2:]) == [8, 8] and np.array_equal(u[2:], u0[2:])    # negative from the start
-    with pytest.raises(JacError):
-        rosenbrock(_square(4), max_abs=-1.0)
+    assert lf.negative == "fail"
+    # the deprecated spellings still work and say which to use
+    with pytest.warns(DeprecationWarning, match="negative='fail'"):
+        old = rosenbrock(_square(4), rtol=1e-6, threads=1, nonnegative=True)
+    assert old.negative == "fail"
+    with pytest.warns(DeprecationWarning, match="negative='clip'"):
+        assert rosenbrock(_square(4), rtol=1e-6, threads=1, clip_negative=True).negative == "clip"
+    for bad in (dict(max_abs=-1.0), dict(negative="read_as_zero"), dict(negative=False),
+                dict(negative="fail", nonnegative=True), dict(nonnegative="yes")):
+        with pytest.raises(JacError) as exc:
+            rosenbrock(_square(4), **bad)
+        assert exc.value.code == "bad_option"
 
 
 def test_what_cvode_does_on_the_same_problem():

@@ -550,7 +550,8 @@ def _guard(st: _State, fn):
 
 
 def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, forcing, y0,
-           axis, precond_type, jtimes, threads, build_options, options, nonnegative=False) -> SundialsProblem:
+           axis, precond_type, jtimes, threads, build_options, options, negative="allow",
+           nonnegative=None) -> SundialsProblem:
     ode, dae = _odes()
 
     krylov = _KRYLOV[kind]
@@ -621,11 +622,11 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
         Jv.fill(0.0)
         j.apply(plan, st.ws_jv, np.ascontiguousarray(v), Jv)
 
-    clip = _nonnegative(nonnegative)
+    clip = _negative(negative, nonnegative)
     ybuf = np.empty(n)
 
     def clipped(y):
-        """``y``, or a copy with its negative values read as 0 (``nonnegative``)."""
+        """``y``, or a copy with its negative values read as 0 (``negative="read_as_zero"``)."""
         if not clip or np.shape(y) != (n,):
             return y                        # (a wrong length: the RHS call refuses it)
         if y.min() >= 0.0:
@@ -797,8 +798,15 @@ def _build(kind, source, *, model, linsolver, precond, jacobian, rtol, atol, p, 
     return prob
 
 
-def _nonnegative(nonnegative) -> bool:
-    """Whether the RHS reads negative states as 0 (``nonnegative=True``).
+#: ``negative=`` of :func:`cvode`/:func:`ida`: whether the right-hand side
+#: reads negative states as 0.
+NEGATIVE = {"allow": False, "read_as_zero": True}
+
+
+def _negative(negative, nonnegative) -> bool:
+    """Whether the RHS reads negative states as 0 (``negative="read_as_zero"``;
+    the deprecated ``nonnegative=True`` says the same, with a
+    DeprecationWarning: in the leaf that name fails a lane instead).
 
     SUNDIALS' advice on unphysical negative values (CVODE guide, "Advice on
     controlling unphysical negative values"): tighter absolute tolerances
@@ -809,12 +817,25 @@ def _nonnegative(nonnegative) -> bool:
     SuperFast over 100 heterogeneous cells, rtol 1e-4 (benchmarks/
     cvode_hetero.py): atol 1e-9 ppb stops CVODE at t ≈ 10 s (835 error-test
     failures in 1,802 steps, then the RHS at −inf in HO2; SciPy BDF stops
-    too), with ``nonnegative=True`` it reaches the end but 3.7e3 off the
+    too), with ``negative="read_as_zero"`` it reaches the end but 3.7e3 off the
     Radau reference (relative, 1e-6 ppb floor: negative values sit inert);
     atol 1e-12 solves it (1.1e-4 off) without, in 321 steps, and with it in
     601 steps (2.4e-4 off). So it is off by default."""
+    if not isinstance(negative, str) or negative not in NEGATIVE:
+        hint = (" (the leaf's 'fail'/'clip' act on a lane's state; CVODE has no lanes: "
+                "'read_as_zero' changes what the right-hand side reads)" if negative in ("fail", "clip") else "")
+        raise JacError("bad_option", f"negative must be 'allow' or 'read_as_zero', not {negative!r}{hint}")
+    if nonnegative is None:
+        return NEGATIVE[negative]
     if not isinstance(nonnegative, (bool, np.bool_)):
         raise JacError("bad_option", f"nonnegative must be True or False, not {nonnegative!r}")
+    if negative != "allow":
+        raise JacError("bad_option", f"give negative={negative!r} alone, not with the deprecated nonnegative")
+    import warnings
+    warnings.warn(f"nonnegative={bool(nonnegative)} is deprecated: use negative="
+                  f"{'read_as_zero' if nonnegative else 'allow'!r} (the leaf's old nonnegative failed "
+                  "a lane; the two options now share one name and say what they do)",
+                  DeprecationWarning, stacklevel=4)
     return bool(nonnegative)
 
 
@@ -879,7 +900,7 @@ def _warm(prob: "SundialsProblem", callbacks: Callable[[], None]) -> None:
 
 def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
           atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
-          jtimes="newton", threads="auto", nonnegative=False, build_options=None,
+          jtimes="newton", threads="auto", negative="allow", nonnegative=None, build_options=None,
           per_cell=None, **options) -> SundialsProblem:
     """A CVODE (BDF, Newton) solver for ``source`` with esmjac's exact Jacobian.
 
@@ -918,10 +939,15 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
         Numba threads of every callback, as in ``ivp`` (``"auto"``
         measures one thread against Numba's count at build time on
         problems above 20,000 unknowns).
+    negative : str
+        ``"allow"`` (default) or ``"read_as_zero"``: the right-hand side
+        reads negative states as 0 (in a copy; the solver's ``y`` is never
+        changed; see :func:`_negative`). Off by default (it costs steps
+        where the tolerances already keep concentrations in check). The
+        leaf's option of the same name fails (``"fail"``) or clips
+        (``"clip"``) a lane instead.
     nonnegative : bool
-        True: the right-hand side reads negative states as 0 (in a copy;
-        see :func:`_nonnegative`). Off by default (it costs steps where
-        the tolerances already keep concentrations in check).
+        Deprecated: ``negative="read_as_zero"``.
     build_options : dict, optional
         Options of ``RhsProgram.build``/``JacobianProgram.build``.
     per_cell : list or tuple of str, optional
@@ -943,12 +969,12 @@ def cvode(source, *, model=None, linsolver="auto", precond=None, jacobian=True, 
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
                   precond_type=precond_type, jtimes=jtimes, threads=threads,
                   build_options=cell_options(build_options, per_cell, "build_options"), options=options,
-                  nonnegative=nonnegative)
+                  negative=negative, nonnegative=nonnegative)
 
 
 def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rtol=1e-6,
         atol=1e-12, p=None, forcing=None, y0=None, axis=None, precond_type="left",
-        threads="auto", nonnegative=False, build_options=None, per_cell=None,
+        threads="auto", negative="allow", nonnegative=None, build_options=None, per_cell=None,
         **options) -> SundialsProblem:
     """An IDA solver for the residual ``F(t, y, ẏ) = ẏ − f(t, y)`` of ``source``.
 
@@ -958,7 +984,7 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
 
     Parameters
     ----------
-    source, model, jacobian, rtol, atol, p, forcing, y0, axis, threads, nonnegative, build_options, per_cell
+    source, model, jacobian, rtol, atol, p, forcing, y0, axis, threads, negative, nonnegative, build_options, per_cell
         As in :func:`cvode`.
     linsolver : str
         ``"auto"`` (default, ``"dense"``: see ``precond``), ``"dense"``,
@@ -981,7 +1007,7 @@ def ida(source, *, model=None, linsolver="auto", precond=None, jacobian=True, rt
                   jacobian=jacobian, rtol=rtol, atol=atol, p=p, forcing=forcing, y0=y0, axis=axis,
                   precond_type=precond_type, jtimes="newton", threads=threads,
                   build_options=cell_options(build_options, per_cell, "build_options"), options=options,
-                  nonnegative=nonnegative)
+                  negative=negative, nonnegative=nonnegative)
 
 
 # ---------------------------------------------------------------------------

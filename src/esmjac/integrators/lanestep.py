@@ -71,7 +71,7 @@ STATUS = {
     6: "crossed a pole: a species changed sign while its derivative drove it away from zero "
        "(1/u changed sign through infinity; the solution blows up in this step)",
     7: "a species grew past max_abs",
-    8: "a non-negative species turned negative (nonnegative=True without clip_negative)",
+    8: "a species turned negative (negative='fail')",
 }
 RUNNING = -1
 

@@ -261,6 +261,12 @@ class RosenbrockLeaf:
         self.source, self.model, self.options = None, None, None
         self.progress = None            # long calls on stderr (runtime.progress; the build option)
 
+    @property
+    def negative(self) -> str:
+        """What a negative concentration does to a lane: "allow", "fail" or
+        "clip" (:func:`rosenbrock`'s ``negative``)."""
+        return "clip" if self.clip_negative else "fail" if self.nonnegative else "allow"
+
     # -- what the sensitivities read (read-only) ------------------------------
     @property
     def tableau(self) -> Tableau:
@@ -933,13 +939,42 @@ def _qualified(mapping: Mapping, names) -> dict:
             for k, v in mapping.items()}
 
 
+#: ``negative=`` of :func:`rosenbrock` → (``nonnegative``, ``clip_negative``)
+#: of :class:`RosenbrockLeaf`.
+NEGATIVE = {"allow": (False, False), "fail": (True, False), "clip": (False, True)}
+
+
+def _negative(negative, nonnegative, clip_negative) -> tuple:
+    """``(nonnegative, clip_negative)`` for ``negative=`` and the deprecated
+    flags it replaces (each still accepted, with a DeprecationWarning)."""
+    import warnings
+    if not isinstance(negative, str) or negative not in NEGATIVE:
+        hint = (" (CVODE's 'read_as_zero' changes what the right-hand side reads; the leaf fails "
+                "or clips a lane instead)" if negative == "read_as_zero" else "")
+        raise JacError("bad_option", f"negative must be one of {', '.join(map(repr, NEGATIVE))}, "
+                       f"not {negative!r}{hint}")
+    old = {k: v for k, v in (("nonnegative", nonnegative), ("clip_negative", clip_negative)) if v is not None}
+    for k, v in old.items():
+        if not isinstance(v, (bool, np.bool_)):
+            raise JacError("bad_option", f"{k} must be True or False, got {v!r}")
+    if not old:
+        return NEGATIVE[negative]
+    if negative != "allow":
+        raise JacError("bad_option", f"give negative={negative!r} alone, not with the deprecated "
+                       f"{' and '.join(old)}")
+    new = "clip" if old.get("clip_negative") else "fail" if old.get("nonnegative") else "allow"
+    warnings.warn(f"rosenbrock({', '.join(f'{k}={v}' for k, v in old.items())}) is deprecated: use "
+                  f"negative={new!r}", DeprecationWarning, stacklevel=3)
+    return bool(old.get("nonnegative", False)), bool(old.get("clip_negative", False))
+
+
 def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, method: str = "rodas3",
                rtol: float = 1e-4, atol=None, step: str = "lane", threads="auto", compact: bool = True,
-               clip_negative: bool = False, max_steps: int = 100000, max_rejects: int = 50,
+               clip_negative: bool | None = None, max_steps: int = 100000, max_rejects: int = 50,
                h0=None, tile: int | None = DEFAULT_TILE, options: dict | None = None,
                reuse: bool | None = None, max_jac_age: int = MAX_JAC_AGE,
                hold: tuple = HOLD, precision: str = "double", per_cell=None,
-               max_abs: float = math.inf, nonnegative: bool = False,
+               max_abs: float = math.inf, negative: str = "allow", nonnegative: bool | None = None,
                **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
@@ -977,9 +1012,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     compact : bool
         Squeeze finished lanes out between steps (default) or mask them.
     clip_negative : bool
-        Set negative concentrations of accepted steps to 0 (off by default:
-        Rosenbrock methods conserve mass and linear invariants only without
-        clipping).
+        Deprecated: ``negative="clip"``.
     max_steps : int
         Attempts per lane per call.
     max_rejects : int
@@ -1030,9 +1063,17 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         bound). A lane never crosses a singularity silently: a step across
         a pole (a species changing sign while its derivative drove it away
         from zero) fails the lane (status 6; lanestep's module docstring).
+    negative : str
+        What a negative concentration does to a lane: ``"allow"`` (default:
+        nothing), ``"fail"`` (the lane fails at its last accepted state,
+        status 8) or ``"clip"`` (negative values of accepted steps are set
+        to 0; Rosenbrock methods conserve mass and linear invariants only
+        without clipping). The same option of ``sundials.cvode``/``ida``
+        takes ``"allow"`` or ``"read_as_zero"`` (a solver without lanes
+        cannot fail one; see README "Negative concentrations").
     nonnegative : bool
-        With ``True`` and without ``clip_negative``, a lane whose species
-        turns negative fails (status 8); ``clip_negative`` clips instead.
+        Deprecated: ``negative="fail"`` (the name meant clipping in
+        ``sundials.cvode``).
 
     Returns
     -------
@@ -1048,6 +1089,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     """
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
+    nonnegative, clip_negative = _negative(negative, nonnegative, clip_negative)
     if precision not in PRECISIONS:
         raise JacError("bad_option", f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
     options = checks.cell_options(options, per_cell)
