@@ -35,7 +35,7 @@ import numpy as np
 from .._frozen import FrozenMap, readonly
 from ..errors import JacError
 from .evaluate import Decline, ev
-from .expr import AGG, ARRAY_OPS, Node, from_ast, is_array_expr, map_children, node
+from .expr import AGG, ARRAY_OPS, Expr, Node, from_ast, is_array_expr, map_children, node
 from .load import SystemView, lhs_state
 
 __all__ = ["ModelLayout", "model_layout", "is_box", "ElementNames", "ode_states", "element_name", "element_names",
@@ -315,8 +315,11 @@ class ElementNames(Sequence):
             return f"{n}[{','.join(str(x + 1) for x in np.unravel_index(k, sh))}]" if sh else n
         if self._box:
             return n if self._lanes == 1 else f"{n}[{k + 1}]"
-        ncell = int(np.prod(self._cell))
-        idx = np.unravel_index(min(k, ncell - 1), self._cell)
+        cell = self._cell
+        if cell is None:                # (set for kind "cell"; the other kinds have shapes)
+            raise JacError("internal_error", "ElementNames: a cell-lane name without the cell shape")
+        ncell = int(np.prod(cell))
+        idx = np.unravel_index(min(k, ncell - 1), cell)
         return f"{n}[{','.join(str(x + 1) for x in idx)}]"
 
     def __getitem__(self, i):
@@ -351,7 +354,7 @@ class Point:
 
 
 def _ic_values(view: SystemView) -> dict:
-    out = {}
+    out: dict[str, Expr] = {}
     for lhs, rhs in view.equations:
         if isinstance(lhs, Node) and lhs.op == "ic" and isinstance(lhs.args[0], str):
             out.setdefault(lhs.args[0], rhs)
