@@ -375,13 +375,15 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
             mode, idx = "lanes", [t[1] for t, _ in outputs]
             P = len(doc.fields) if not rhs else len(lay.states)
         elif unit:
+            if nslots is None:
+                raise JacError("internal_error", "a unit-stride plan's chunks need its slot count (nslots)")
             mode = "tile" if tile is not None else "lanes"
             idx = [dest[t[1]][0] for t, _ in outputs]
             P = int(nslots)
             order = sorted(range(len(outputs)), key=lambda i: idx[i])    # stable: plan order per slot
             outputs, idx = [outputs[i] for i in order], [idx[i] for i in order]
         else:
-            mode, idx, P = "strided", [t[1] for t, _ in outputs], None
+            mode, idx, P = "strided", [t[1] for t, _ in outputs], 0   # (strided chunks do not use P)
         groups = [(None, list(zip(outputs, idx)))]
     else:
         mode = "global"
@@ -396,7 +398,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
             dimpos = {} if dims is None else {n: k for k, (n, _, _) in enumerate(dims)}
             if dims is None:
                 dimpos = {n: k for k, n in enumerate(_cell_names(doc))}
-            taken = []
+            taken: list[tuple] = []           # (output, its lowered values, its slot or None)
             while pending:
                 o, i = pending[0]
                 before = len(blk.ins)
@@ -413,6 +415,8 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
             if mode == "tile":
                 a0 = 0 if not chunks or not taken else taken[0][2]
                 a1 = pending[0][1] if pending else P
+                if tile is None or a1 is None:      # (mode "tile": a unit plan's int slots and width)
+                    raise JacError("internal_error", "a tiled chunk without its tile width or slots")
                 lines, n, hv, sz = _tile_chunk("fl" + name, blk, taken, doc, names, mode, a0, a1, P, tile)
                 scratch = max(scratch, sz)
             elif mode == "lanes" and rhs and dest is None and rhs_tile:
@@ -522,6 +526,7 @@ def _global_groups(doc) -> list:
     off = 0
     lay = doc.layout
     soff = lay.state_offsets()
+    target: tuple                        # ("slab", offset) or ("row", offset, shape, pins)
     for k, f in enumerate(doc.fields):
         if doc.wrt is not None:
             target = ("slab", off)
@@ -755,7 +760,9 @@ def _rhs_tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, TW: 
     cvals = ["ju = nb.uint64(j)"] + [f"c{d} = float(cix[_c{d} + ju])" for d in cdims]
     views = [f"    {view[r]} = nb.uint64({r[1]} * L + l0)" for r in reads]
     views += [f"    _c{d} = nb.uint64({d} * L + l0)" for d in cdims]
-    stores, slot, copy = [], {}, []
+    stores: list[str] = []
+    slot: dict[int, int] = {}           # output index -> its row of the tile scratch
+    copy: list[str] = []
     for (target, _), vals, i in taken:
         op = "+=" if i in slot else "="
         k = slot.setdefault(i, len(slot))

@@ -11,7 +11,7 @@ re-decide.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -22,6 +22,8 @@ from .cache import kernel_key, load_source, recover_numba_cache
 from .codegen import generate, tape_program, tile_scratch
 from .tape import OPS, retarget, run_tape
 from .twins import serial_driver, serial_twin
+
+_R = TypeVar("_R")
 
 __all__ = ["Kernel", "FusedTape", "compile_doc", "fused_tape", "tape_kernel", "tape_key", "ENGINE_OPTIONS",
            "NO_SLOTS", "run_tapes"]
@@ -171,7 +173,7 @@ class Kernel:
                 return bad if counts else None
             return call
 
-        def call(u, p, t, f, out):
+        def chunked(u, p, t, f, out):
             pro(p, t, h)
             bad = 0
             for fn, is_cell in (ser if one_thread() else par):
@@ -180,7 +182,7 @@ class Kernel:
                 else:
                     fn(u, f, h, out)
             return bad if counts else None
-        return call
+        return chunked
 
     def bind_params(self, p: np.ndarray, t: float, h: np.ndarray, *, fused: bool = False) -> Callable:
         """``call(u, f, cix, lanes, out[, scratch])``: the serial chunks with
@@ -192,6 +194,7 @@ class Kernel:
         parallel one's region start-up and barrier cost more than a 64-lane
         block's arithmetic; the same instructions, so the same bits).
         Returns nothing (the caller checks the values it integrates)."""
+        call: Callable[..., None]       # the fused variant also takes the tiles' scratch
         if self.engine == "tape":
             run, tapes, t = serial_twin(run_tape), self.tapes, float(t)
 
@@ -208,13 +211,13 @@ class Kernel:
                     fn(u, f, h, cix, out, lanes, *scratch)
             return call
 
-        def call(u, f, cix, lanes, out):
+        def chunked(u, f, cix, lanes, out):
             for fn, is_cell in calls:
                 if is_cell:
                     fn(u, f, h, cix, out, lanes)
                 else:
                     fn(u, f, h, out)
-        return call
+        return chunked
 
     def listing(self) -> str:
         """Readable generated source or tape."""
@@ -256,7 +259,7 @@ class Kernel:
             h = np.zeros(self.n_hoist)
         self.module().prologue(p, float(t), h)
         bad = 0
-        extra = ()
+        extra: tuple[np.ndarray, ...] = ()
         if self.tile_scratch:
             W = self.tile_scratch_width
             extra = (np.empty(tile_scratch(self.tile_scratch, lanes, W), u.dtype),)
@@ -322,17 +325,17 @@ def fused_tape(doc, dest_slots, zero_slots, kernel: "Kernel | None" = None) -> F
     its body retargeted (:func:`tape.retarget`: the same instructions, no
     expression document needed: a program loaded from the cache never
     decodes it); else generated from ``doc``."""
-    body = retarget(kernel.tapes[1], dest_slots) if kernel is not None and kernel.engine == "tape" else None
-    if body is not None:
-        pro = kernel.tapes[0]
-    else:
+    body = None
+    if kernel is not None and kernel.engine == "tape":
+        pro, body = kernel.tapes[0], retarget(kernel.tapes[1], dest_slots)
+    if body is None:
         pro, body, _ = run_deep(tape_program, doc, [int(a) for a in dest_slots])
     zs = np.ascontiguousarray(zero_slots, dtype=np.int64)
     zs.setflags(write=False)
     return FusedTape(pro, body, zs)
 
 
-def _recovering(run, out, *args) -> None:
+def _recovering(run: Callable[..., _R], out: np.ndarray, *args: Any) -> _R:
     """``run(*args)``; a Numba cache file that fails to load (corrupt or
     tampered index/data) is purged and the call retried, so Numba recompiles
     instead of the entry breaking every later run (compile/cache.py)."""
