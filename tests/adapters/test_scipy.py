@@ -209,6 +209,9 @@ def test_explicit_method_gets_no_jacobian():
     prob = ivp(diffusion_model(12), method="RK45")
     sol = prob.solve((0.0, 0.01))
     assert sol.status == 0 and prob.njev == 0 and prob.nfev > 0
+    # jac_csr still works on request (bound then): BDF's jac, in CSR form
+    ref = ivp(diffusion_model(12)).jac(0.0, prob.y0).toarray()
+    np.testing.assert_array_equal(prob.jac_csr(0.0, prob.y0).toarray(), ref)
 
 
 def test_plugin_create():
