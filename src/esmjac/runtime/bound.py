@@ -114,7 +114,7 @@ class _Bound:
         if self.n_f == 0:
             self._f_none = np.zeros(1, dtype=self.dtype)
         else:
-            f0 = prog._forcing_default(self.lanes)
+            f0 = prog.forcing_default(self.lanes)
             self._f_none = None if f0 is None else np.ascontiguousarray(f0, dtype=self.dtype)
         self._scan = serial_twin(K.count_nonfinite) if self.serial else K.count_nonfinite
 
@@ -203,8 +203,8 @@ class BoundJacobian(_Bound):
     __slots__ = ("plan", "direct", "_slab", "_h", "_cix")
 
     def __init__(self, prog, plan, ws, dtype=np.float64, warm: bool = True, keep_point: bool = False):
-        prog._check_plan(plan)
-        prog._check_ws(ws)
+        prog.check_plan(plan)
+        prog.check_workspace(ws)
         plan.check_lanes(ws.lanes)
         self._setup(prog, ws.lanes, dtype, plan.out_size(ws.lanes))
         self._what = "Jacobian"

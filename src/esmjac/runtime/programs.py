@@ -62,7 +62,7 @@ PROGRAM_OPTIONS = {
 }
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
-#: Read-only default forcing per program and lane count (see ``_forcing_default``).
+#: Read-only default forcing per program and lane count (see ``forcing_default``).
 _FORCING_DEFAULTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 # ------------------------------------------------------------------ helpers
@@ -159,10 +159,12 @@ class _Base:
         with serial_below(self.u_size(self.cells) if self.kind == "cell" else self.layout.n_state_elements):
             self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
 
-    def _forcing_default(self, lanes: int):
-        """The default forcing at ``lanes`` lanes (computed once per lane count
-        and process, kept beside the program, not in it: products are never
-        changed after construction, and a pickled one carries no memo)."""
+    def forcing_default(self, lanes: int) -> "np.ndarray | None":
+        """The default forcing at ``lanes`` lanes, read-only (None when the
+        document gives none): what a call with ``forcing=None`` passes and a
+        binding's warm call mirrors. Computed once per lane count and
+        process, kept beside the program, not in it: products are never
+        changed after construction, and a pickled one carries no memo."""
         memo = _FORCING_DEFAULTS.get(self)
         if memo is None:
             memo = _FORCING_DEFAULTS[self] = {}
@@ -178,7 +180,7 @@ class _Base:
         if forcing is None:
             if n == 0:
                 return np.zeros(1, dtype=dtype)
-            f0 = self._forcing_default(lanes)
+            f0 = self.forcing_default(lanes)
             if f0 is None:
                 raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
             return f0 if f0.dtype == dtype else np.ascontiguousarray(f0, dtype=dtype)
@@ -521,13 +523,18 @@ class JacobianProgram(_Product, _Base):
         return build_plan(self, layout)
 
     # -- evaluation --------------------------------------------------------------
-    def _check_ws(self, ws) -> None:
+    def check_workspace(self, ws) -> None:
+        """Refuse (``bad_argument``) anything but a workspace made by this
+        program (:meth:`new_workspace`) and left intact: the check every
+        evaluation, and a binding once, runs before compiled code."""
         if not isinstance(ws, JacWorkspace):
             raise JacError("bad_argument", f"expected a JacWorkspace, got {type(ws).__name__}")
         _checks.workspace(ws, self.fingerprint, "workspace", self.kernel.n_hoist,
                           self.layout.cell_shape if self.kind == "cell" else None)
 
-    def _check_plan(self, plan) -> None:
+    def check_plan(self, plan) -> None:
+        """Refuse anything but a :class:`ScatterPlan` of this program
+        (``bad_argument``; another program's plan: ``foreign_layout``)."""
         if not isinstance(plan, ScatterPlan):
             raise JacError("bad_argument", f"expected a ScatterPlan, got {type(plan).__name__}")
         if plan.fingerprint != self.fingerprint:
@@ -551,8 +558,8 @@ class JacobianProgram(_Product, _Base):
         ``out`` must not share memory with ``u``, ``p``, ``forcing`` or the
         workspace (refused: ``bad_argument``). The point is copied into the
         workspace, so changing ``u`` afterwards does not change ``contract``."""
-        self._check_plan(plan)
-        self._check_ws(ws)
+        self.check_plan(plan)
+        self.check_workspace(ws)
         L = ws.lanes
         plan.check_lanes(L)
         t = _checks.time(t)
@@ -637,8 +644,8 @@ class JacobianProgram(_Product, _Base):
     def apply(self, plan, ws: JacWorkspace, v: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``y += J v`` from the band slab of the last ``eval_into``
         (``y`` sharing memory with ``v`` is refused: ``bad_argument``)."""
-        self._check_plan(plan)
-        self._check_ws(ws)
+        self.check_plan(plan)
+        self.check_workspace(ws)
         B = self._slab_of(ws)
         L = ws.lanes
         _check_vec("v", v, self.col_size(L))
@@ -656,8 +663,8 @@ class JacobianProgram(_Product, _Base):
         """``gbar += Jᵀ lam`` (float64 accumulation; a gather over the
         transposed plan: each column is owned by one iteration). ``gbar``
         sharing memory with ``lam`` is refused (``bad_argument``)."""
-        self._check_plan(plan)
-        self._check_ws(ws)
+        self.check_plan(plan)
+        self.check_workspace(ws)
         B = self._slab_of(ws)
         L = ws.lanes
         _check_vec("lam", lam, self.u_size(L))
@@ -686,8 +693,8 @@ class JacobianProgram(_Product, _Base):
         on ``ws2`` (second-order bands, built on first use; that point was
         copied, so later changes to ``u`` do not matter). ``out`` sharing
         memory with ``lam`` or ``v`` is refused (``bad_argument``)."""
-        self._check_plan(plan)
-        self._check_ws(ws2)
+        self.check_plan(plan)
+        self.check_workspace(ws2)
         if self.wrt != "states":
             raise JacError("bad_option", "contract is the state Hessian contraction (wrt='states')")
         if ws2.point is None:
