@@ -2,10 +2,15 @@
 run: Numba specializes on writability too, and the programs' ``p0`` (like
 the adapters' ``p``) is read-only, so a warm call with a writable parameter
 vector compiled signatures nobody used and left the real ones to the first
-timed call (runtime/bound.py ``_warm_p``)."""
+timed call (runtime/bound.py ``_warm_p``). The same for a built program's
+own warm-up and its first unbound call at the defaults (read-only ``p0``
+and default forcing; runtime/programs.py ``_warm``)."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
+import pytest
 
 from esmjac.compile.tape import run_tape
 from esmjac.layouts import LaneSparseBlocks
@@ -50,4 +55,50 @@ def test_a_bound_jacobian_first_call_compiles_nothing():
     o = np.zeros(pc.out_size(ws.lanes))
     j.eval_into(pc, u, j.p0, 0.0, None, o, j.new_workspace())
     J = csr_array((o, pc.indices, pc.indptr), shape=(u.size, u.size)).toarray()
+    np.testing.assert_allclose(J, chem_jacobian(u, 0.3, 2.0), rtol=1e-14, atol=0)
+
+
+def _forced_chem() -> dict:
+    """:func:`chem` with ``k1`` a per-cell field (a forcing with a default)."""
+    d = copy.deepcopy(chem(cells=CELLS))
+    m = d["models"]["M"]
+    m["variables"]["k1"] = {"type": "parameter", "shape": ["cell"], "default": 0.3}
+
+    def sub(e):
+        if e == "k1":
+            return {"op": "index", "args": ["k1", "i"]}
+        if isinstance(e, list):
+            return [sub(x) for x in e]
+        if isinstance(e, dict):
+            return {k: sub(v) for k, v in e.items()}
+        return e
+    m["equations"] = sub(m["equations"])
+    return d
+
+
+def _module_signatures(prog) -> dict:
+    mod = prog.kernel.module()
+    return {n: len(f.signatures) for n, f in vars(mod).items() if hasattr(f, "signatures")}
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_built_programs_first_call_at_the_defaults_compiles_nothing(forced):
+    doc = _forced_chem() if forced else chem(cells=CELLS)
+    opts = {"cache": False, "engine": "codegen"}
+    r = RhsProgram.build(doc, options=opts)
+    j = JacobianProgram.build(doc, options=opts)
+    assert bool(r.layout.forcing) == forced and not r.p0.flags.writeable
+    from esmjac.layouts import Csr
+    from scipy.sparse import csr_array
+    plan = j.plan(Csr(), source=r)
+    before = _module_signatures(r), _module_signatures(j)
+    assert sum(before[0].values()) and sum(before[1].values())      # the build compiled the chunks
+    u = np.linspace(1.0, 2.0, 2 * CELLS)
+    out = r.eval_into(u, r.p0, 0.0, None, np.zeros_like(u))
+    o = np.zeros(plan.out_size(CELLS))
+    j.eval_into(plan, u, j.p0, 0.0, None, o, j.new_workspace())
+    assert (_module_signatures(r), _module_signatures(j)) == before
+    A, B = u[:CELLS], u[CELLS:]                 # the hand derivation (k1 = 0.3, k2 = 2)
+    np.testing.assert_allclose(out, np.concatenate([-0.3 * A + 2 * B * B, 0.3 * A - 4 * B * B]), rtol=1e-14)
+    J = csr_array((o, plan.indices, plan.indptr), shape=(u.size, u.size)).toarray()
     np.testing.assert_allclose(J, chem_jacobian(u, 0.3, 2.0), rtol=1e-14, atol=0)

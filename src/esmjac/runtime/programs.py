@@ -147,17 +147,26 @@ class _Base:
 
     def _warm(self, out_size: int) -> None:
         """Compile (or load from Numba's cache) the float64 kernels now, so a
-        build includes compilation and the first call is a warm call."""
+        build includes compilation and the first call is a warm call. The
+        warm call passes what a call at the defaults passes: the read-only
+        ``p0`` (a read-only ``p``) and the document's read-only default
+        forcing (writable ones only when there is none: callers then pass
+        their own). Numba compiles one specialization per writability, so a
+        writable warm-up compiled signatures the calls never use and left
+        theirs — every chunk again — to the first call."""
         L = 1
         u = np.ones(self.u_size(L))
-        f = np.ones(max(self.f_size(L), 1))
+        p = readonly(np.ones(len(self.layout.params)))
+        f = self.forcing_default(L) if self.f_size(L) else None
+        if f is None:
+            f = np.ones(max(self.f_size(L), 1))
         out = np.zeros(max(out_size, 1))
         h = np.zeros(max(self.kernel.n_hoist, 1))
         cix = lane_cells(self.layout.cell_shape, L) if self.kind == "cell" else np.zeros(1, np.int64)
         # Warm the twin (serial or parallel) that calls at the program's own
         # size will run: compiling the other one is wasted build time.
         with serial_below(self.u_size(self.cells) if self.kind == "cell" else self.layout.n_state_elements):
-            self._run(self.kernel, u, np.ones(len(self.layout.params)), 0.0, f, out, h, cix, L)
+            self._run(self.kernel, u, p, 0.0, f, out, h, cix, L)
 
     def forcing_default(self, lanes: int) -> "np.ndarray | None":
         """The default forcing at ``lanes`` lanes, read-only (None when the
