@@ -474,6 +474,7 @@ def test_nonautonomous_stiff_forcing(step):
 def test_perm_arrays_refuses_non_permutations():
     p, ip = perm_arrays((2, 0, 1), 3)
     assert p.tolist() == [2, 0, 1] and ip.tolist() == [1, 2, 0]
+    assert not p.flags.writeable and not ip.flags.writeable       # build products
     for bad in ((0, 0, 1), (0, 1), ("a", 1, 2)):
         with pytest.raises(JacError) as e:
             perm_arrays(bad, 3)

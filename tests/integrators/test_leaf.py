@@ -71,6 +71,19 @@ def test_matches_tight_radau(leaf):
     assert rel.max() < 5e-4, rel.max()
 
 
+def test_permutations_are_read_only_products(leaf):
+    """The elimination order the sensitivities read (``perm``/``iperm``) is
+    the plan's ordering and, like every build product, cannot be written:
+    a caller scribbling on it would silently permute every later step."""
+    order = list(leaf.plan.info["ordering"])
+    assert leaf.perm.tolist() == order and sorted(order) == list(range(NS))
+    assert np.array_equal(leaf.iperm[leaf.perm], np.arange(NS))
+    for a in (leaf.perm, leaf.iperm):
+        assert not a.flags.writeable
+        with pytest.raises(ValueError):
+            a[0] = a[1]
+
+
 def test_lane_alone_equals_lane_in_grid_bitwise(doc8):
     lf = rosenbrock(doc8, threads=1)
     L = 300                                     # two LU chunks, ragged

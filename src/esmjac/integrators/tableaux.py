@@ -158,7 +158,9 @@ METHODS: dict[str, Tableau] = {"rodas3": _RODAS3, "ros3": _ROS3, "ros34pw2": _RO
 
 def perm_arrays(perm, n) -> tuple:
     """``(perm, inverse)`` int64 arrays of a variable order (None: the
-    identity); a sequence that is not a permutation of ``range(n)`` is refused."""
+    identity), read-only like every build product (every caller then hands
+    the lane-step kernels the same Numba signature); a sequence that is not
+    a permutation of ``range(n)`` is refused."""
     if perm is None:
         p = np.arange(n, dtype=np.int64)
     else:
@@ -170,4 +172,6 @@ def perm_arrays(perm, n) -> tuple:
             raise JacError("bad_argument", f"perm must be a permutation of 0..{n - 1}, got {tuple(perm)}")
     ip = np.empty(n, dtype=np.int64)
     ip[p] = np.arange(n, dtype=np.int64)
+    p.setflags(write=False)
+    ip.setflags(write=False)
     return p, ip
