@@ -102,3 +102,21 @@ def test_a_built_programs_first_call_at_the_defaults_compiles_nothing(forced):
     np.testing.assert_allclose(out, np.concatenate([-0.3 * A + 2 * B * B, 0.3 * A - 4 * B * B]), rtol=1e-14)
     J = csr_array((o, plan.indices, plan.indptr), shape=(u.size, u.size)).toarray()
     np.testing.assert_allclose(J, chem_jacobian(u, 0.3, 2.0), rtol=1e-14, atol=0)
+
+
+def test_no_forcing_and_the_default_forcing_share_one_tape_interpreter_signature():
+    """A model without forcing fields and one at its document's forcing
+    defaults pass the kernels the same kind of forcing array (read-only:
+    runtime.workspace.no_forcing), so the model-independent tape
+    interpreter (~20 s of CPU per signature) compiles once for both."""
+    u = np.linspace(1.0, 2.0, 2 * CELLS)
+    A, B = u[:CELLS], u[CELLS:]                 # the hand derivation (k1 = 0.3, k2 = 2)
+    ref = np.concatenate([-0.3 * A + 2 * B * B, 0.3 * A - 4 * B * B])
+    plain = RhsProgram.build(chem(cells=CELLS), options=OPTS)
+    assert not plain.layout.forcing
+    np.testing.assert_allclose(plain.eval_into(u, plain.p0, 0.0, None, np.zeros_like(u)), ref, rtol=1e-14)
+    before = len(run_tape.signatures)
+    forced = RhsProgram.build(_forced_chem(), options=OPTS)
+    assert forced.kernel.engine == "tape" and forced.layout.forcing
+    np.testing.assert_allclose(forced.eval_into(u, forced.p0, 0.0, None, np.zeros_like(u)), ref, rtol=1e-14)
+    assert len(run_tape.signatures) == before

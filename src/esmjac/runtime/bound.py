@@ -28,7 +28,7 @@ from ..errors import JacError
 from . import checks
 from . import kernels as K
 from .threads import SERIAL_BELOW, one_thread
-from .workspace import lane_cells
+from .workspace import lane_cells, no_forcing
 
 __all__ = ["BoundJacobian", "BoundRhs", "SERIAL_BELOW"]
 
@@ -112,7 +112,7 @@ class _Bound:
         self._ush, self._osh, self._fsh = (self.n_u,), (self.n_out,), (self.n_f,)
         self._ust = (self.dtype.itemsize,)
         if self.n_f == 0:
-            self._f_none = np.zeros(1, dtype=self.dtype)
+            self._f_none = no_forcing(self.dtype)
         else:
             f0 = prog.forcing_default(self.lanes)
             self._f_none = None if f0 is None else np.ascontiguousarray(f0, dtype=self.dtype)

@@ -41,7 +41,7 @@ from ..model.layout import (ElementNames, ModelLayout, column_space, default_vec
 from ..model.load import SystemView, load_view
 from . import checks as _checks
 from . import kernels as K
-from .workspace import JacWorkspace, RhsScratch, lane_cells
+from .workspace import JacWorkspace, RhsScratch, lane_cells, no_forcing
 from .progress import done, stage
 from ..compile.cache import document_key
 from .stored import LazyDoc, build_key, cached_build, fingerprint, heads_of  # noqa: F401  (build_key: re-exported)
@@ -150,16 +150,16 @@ class _Base:
         build includes compilation and the first call is a warm call. The
         warm call passes what a call at the defaults passes: the read-only
         ``p0`` (a read-only ``p``) and the document's read-only default
-        forcing (writable ones only when there is none: callers then pass
-        their own). Numba compiles one specialization per writability, so a
+        forcing, or the shared read-only "no forcing" (writable ones only
+        when the document gives no default: callers then pass their own). Numba compiles one specialization per writability, so a
         writable warm-up compiled signatures the calls never use and left
         theirs — every chunk again — to the first call."""
         L = 1
         u = np.ones(self.u_size(L))
         p = readonly(np.ones(len(self.layout.params)))
-        f = self.forcing_default(L) if self.f_size(L) else None
+        f = self.forcing_default(L) if self.f_size(L) else no_forcing(np.float64)
         if f is None:
-            f = np.ones(max(self.f_size(L), 1))
+            f = np.ones(self.f_size(L))
         out = np.zeros(max(out_size, 1))
         h = np.zeros(max(self.kernel.n_hoist, 1))
         cix = lane_cells(self.layout.cell_shape, L) if self.kind == "cell" else np.zeros(1, np.int64)
@@ -188,14 +188,14 @@ class _Base:
         n = self.f_size(lanes)
         if forcing is None:
             if n == 0:
-                return np.zeros(1, dtype=dtype)
+                return no_forcing(dtype)
             f0 = self.forcing_default(lanes)
             if f0 is None:
                 raise JacError("bad_argument", "`forcing` is required (the document gives no defaults)")
             return f0 if f0.dtype == dtype else np.ascontiguousarray(f0, dtype=dtype)
         if n == 0:
             if isinstance(forcing, np.ndarray) and forcing.size == 0:
-                return np.zeros(1, dtype=dtype)      # an empty forcing is no forcing
+                return no_forcing(dtype)             # an empty forcing is no forcing
             raise JacError("bad_argument", "this model has no forcing fields; pass forcing=None")
         return _check_vec("forcing", forcing, n, dtype)
 

@@ -15,7 +15,26 @@ import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["JacWorkspace", "RhsScratch", "lane_cells"]
+__all__ = ["JacWorkspace", "RhsScratch", "lane_cells", "no_forcing"]
+
+
+def _zero(dtype) -> np.ndarray:
+    z = np.zeros(1, dtype=dtype)
+    z.setflags(write=False)
+    return z
+
+
+_NO_FORCING = {np.dtype(np.float64): _zero(np.float64), np.dtype(np.float32): _zero(np.float32)}
+
+
+def no_forcing(dtype) -> np.ndarray:
+    """What the kernels read for "no forcing" (a model without forcing
+    fields, or an empty forcing given): one shared read-only zero of
+    ``dtype``. Read-only like a document's default forcing, so calls with
+    either reach a model-independent kernel (the tape interpreter, ~20 s of
+    CPU to compile) with one Numba signature, not one per writability."""
+    z = _NO_FORCING.get(np.dtype(dtype))
+    return z if z is not None else _zero(dtype)
 
 
 def lane_cells(cell_shape: tuple, lanes: int, order=None) -> np.ndarray:
