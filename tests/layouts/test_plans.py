@@ -178,10 +178,9 @@ def test_python_threads_sharing_one_program():
 
 _THREADS_SCRIPT = r"""
 import sys, json, hashlib, numpy as np, numba
-from esmjac.models.mechanism import lift
 from esmjac.runtime.programs import JacobianProgram, RhsProgram
 from esmjac.layouts import LaneBlocks, Csr, LaneSparseBlocks
-doc = lift(json.load(open(sys.argv[2])), 3000)
+doc = json.load(open(sys.argv[2]))
 r = RhsProgram.build(doc); j = JacobianProgram.build(doc)
 u = r.u0 * np.random.default_rng(0).uniform(0.5, 1.5, r.u0.size)
 res = {}
@@ -203,9 +202,20 @@ print(json.dumps(res))
 
 
 @pytest.mark.slow
-def test_bitwise_identical_for_1_2_7_16_threads():
+def test_bitwise_identical_for_1_2_7_16_threads(tmp_path):
+    """The parallel kernels (RHS, Jacobian slab and direct writes, the
+    scatter and apply_transpose) over 3,000 cells — six work items of the
+    lane chunks — give the same bits on 1, 2, 7 and 16 threads. The model
+    is the Chapman cycle with a per-cell photolysis rate (a forcing field
+    read per lane): what is checked is the partition of lanes among
+    threads, which does not depend on the model, and its parallel kernels
+    compile in seconds where tropo12's took over a minute of CPU."""
+    from tests.support.models import chapman
+    from esmjac.models.mechanism import box, lift
+    doc = tmp_path / "chapman3000.esm"
+    doc.write_text(json.dumps(lift(box(chapman(cells=1)), 3000, cell_parameters=["j_O3"])))
     env = dict(os.environ, NUMBA_NUM_THREADS="16")
-    p = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, "-", str(TROPO12)],
+    p = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, "-", str(doc)],
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
@@ -371,9 +381,12 @@ def test_nan_from_finite_inputs_is_reported():
 def test_fused_lane_kernels_equal_the_slab_path_bitwise(fx):
     r, j = rhs_prog(fx), jac_prog(fx)
     u = point(r, 6)
-    for lay in (LaneBlocks(), LaneBlocks("markowitz"), LaneSparseBlocks(), Csr()):
+    # float32 on one layout per kernel family (dense and sparse lane
+    # blocks): each (layout, dtype) is a kernel compile of its own
+    for lay, dtypes in ((LaneBlocks(), (np.float64,)), (LaneBlocks("markowitz"), (np.float64, np.float32)),
+                        (LaneSparseBlocks(), (np.float64, np.float32)), (Csr(), (np.float64,))):
         plan = j.plan(lay, source=r)
-        for dtype in (np.float64, np.float32):
+        for dtype in dtypes:
             outs = []
             for keep in (True, False):
                 ws = j.new_workspace(keep_slab=keep)
@@ -386,14 +399,34 @@ def test_fused_lane_kernels_equal_the_slab_path_bitwise(fx):
 
 # ------------------------------------------------------------------ lane tiles
 
+_small: dict = {}
+
+
+def chapman_progs():
+    """The Chapman cycle on 8 cells (4 species: a 4×4 lane block with zero
+    entries), for a layout test where the model does not matter: each tile
+    width is a kernel of its own, compiled in about a second here, where
+    tropo12's dense 15×15 lane blocks take ~15 s of CPU each."""
+    if not _small:
+        from tests.support.models import chapman
+        d = chapman(cells=8)
+        _small["c"] = (RhsProgram.build(d), JacobianProgram.build(d))
+    return _small["c"]
+
+
 def test_tile_formula_against_a_direct_reading_of_the_matrix():
     """Slot (r, c) of lane l of LaneBlocks(tile=W) is J[r*L + l, c*L + l] of
     the assembled CSR (an independent route), at ((l//W)*n² + r*n + c)*W + l%W."""
-    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    r, j = chapman_progs()
     u = point(r, 3)
-    _, _, _, M = csr_at("tropo12", u)
-    M = M.toarray()
+    pc = j.plan(Csr(), source=r)
+    ws = j.new_workspace(keep_slab=True)
+    o = np.zeros(pc.out_size(ws.lanes))
+    j.eval_into(pc, u, r.p0, 0.0, None, o, ws)
+    M = csr_array((o, pc.indices, pc.indptr), shape=tuple(pc.info["shape"])).toarray()
     N, n = j.cells, j.n_species
+    block = M[::N, ::N][:n, :n]                 # lane 0's block
+    assert np.count_nonzero(block) and (block == 0).any()     # zero entries are read as such too
     for W in (1, 3, 4, None):
         plan = j.plan(LaneBlocks(tile=W), source=r)
         ws = j.new_workspace()
@@ -412,7 +445,8 @@ def test_tile_widths_give_the_same_bits(dtype):
     """Tile widths 16 (the default) and 5 (a ragged last tile) against one
     tile (None), direct writes and the slab path, padded capacities: one set
     of bits per lane. (Widths 1/2/3/8 are covered by test_bound and the
-    ColumnBanded test below.)"""
+    ColumnBanded test below; float32 on the sparse blocks only: each tile
+    width and dtype is a kernel compile of its own.)"""
     r, j = rhs_prog("tropo12"), jac_prog("tropo12")
     N = j.cells
     P = N + 13                                  # padded workspace: lanes past N repeat the last cell
@@ -422,7 +456,10 @@ def test_tile_widths_give_the_same_bits(dtype):
     n, nf = j.n_species, f.size // N
     ul = np.ascontiguousarray(u.reshape(n, N)[:, pidx]).ravel()
     fl = np.ascontiguousarray(f.reshape(nf, N)[:, pidx]).ravel()
-    for make in (LaneSparseBlocks, lambda tile: LaneBlocks("markowitz", tile=tile)):
+    makers = [LaneSparseBlocks]
+    if dtype == np.float64:      # float32 on the sparse family (the leaf's); the dense one's in the fused test
+        makers.append(lambda tile: LaneBlocks("markowitz", tile=tile))
+    for make in makers:
         ref = _lane_eval(j, r, make(None), ul, fl, P, keep_slab=True, dtype=dtype)
         for W in (5, 16):                       # a ragged last tile; the default width
             for keep in (False, True):
