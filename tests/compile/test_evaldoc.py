@@ -122,3 +122,27 @@ def test_fixture_fields_match_the_reference_assembly(fx, kind):
     prefix = "_c" if kind == "cell" else "_g"
     assert all(n.startswith(prefix) for f in doc.fields for n, _, _ in f.dims)
     _assert_matches_assembly(bs, doc)
+
+
+def test_bare_array_reads_by_hand():
+    """An array variable read other than as an ``index`` head makes a piece
+    global; the index head itself does not (by hand: ``X`` and ``Y`` are
+    arrays, ``k`` a scalar, ``i`` an index name). The expression is a DAG
+    sharing one subtree, as hash-consed expressions are."""
+    from types import SimpleNamespace
+
+    from esmjac.compile.evaldoc import _bare_names, _has_bare_arrays
+    from esmjac.model.expr import node
+
+    lay = SimpleNamespace(shapes={"X": (3,), "Y": (3,), "k": ()})
+    xi = node("index", ["X", "i"])
+    shared = node("*", ["k", xi])
+    only_heads = node("+", [shared, node("exp", [shared]), node("index", ["Y", node("+", ["i", 1])])])
+    assert _bare_names(only_heads) == {"k", "i"}
+    assert not _has_bare_arrays(lay, only_heads)
+    bare_y = node("+", [shared, node("*", ["Y", xi])])       # Y bare, X only as a head
+    assert _bare_names(bare_y) == {"k", "i", "Y"}
+    assert _has_bare_arrays(lay, bare_y)
+    head_and_bare = node("+", [xi, node("sum", ["X"])])      # X both as a head and bare
+    assert _bare_names(head_and_bare) == {"i", "X"}
+    assert _has_bare_arrays(lay, head_and_bare)

@@ -34,7 +34,7 @@ from functools import cached_property
 from ..calculus.inline import inline_observed
 from ..errors import JacError
 from ..model.deep import run_deep
-from ..model.expr import (AGG, Node, free_names, iter_children, map_children, node, node_count, stable_json,
+from ..model.expr import (AGG, Node, iter_children, map_children, node, node_count, stable_json,
                           substitute, to_wire)
 from ..model.layout import ModelLayout, model_layout
 from ..model.load import SystemView
@@ -178,22 +178,29 @@ def _pointwise(lay: ModelLayout, rows, pins, cidx, expr, col_shape) -> bool:
 
 
 def _has_bare_arrays(lay: ModelLayout, e) -> bool:
-    return any(lay.shapes.get(n) for n in free_names(e) if not _only_in_index(e, n))
+    """Whether ``e`` reads an array variable other than as the head of an
+    ``index`` read."""
+    return any(lay.shapes.get(n) for n in _bare_names(e))
 
 
-def _only_in_index(e, name) -> bool:
-    """Whether ``name`` occurs only as the head of ``index`` reads."""
+def _bare_names(e) -> set:
+    """The ``str`` leaves of ``e`` that occur somewhere other than as the
+    head of an ``index`` read: one walk over the DAG, each shared node once
+    (a walk per name, each unshared, was most of a 272-species build)."""
+    out: set = set()
+    seen: set = set()
     stack = [e]
     while stack:
         x = stack.pop()
-        if x == name:
-            return False
-        if isinstance(x, Node):
-            if x.op == "index" and x.args[0] == name:
+        if isinstance(x, str):
+            out.add(x)
+        elif isinstance(x, Node) and id(x) not in seen:
+            seen.add(id(x))
+            if x.op == "index" and isinstance(x.args[0], str):
                 stack.extend(x.args[1:])
             else:
                 stack.extend(iter_children(x))
-    return True
+    return out
 
 
 # ---------------------------------------------------------------- building
