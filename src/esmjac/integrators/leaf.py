@@ -32,9 +32,9 @@ from ..errors import JacError
 from ..layouts.types import DEFAULT_TILE, LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU
 from ..model.layout import key_base
-from ..model.timefield import explicit_time, time_as_parameter
+from ..model.timefield import time_as_parameter
 from ..runtime import checks
-from ..runtime.programs import JacobianProgram, RhsProgram, model_view
+from ..runtime.programs import JacobianProgram, RhsProgram, model_view, reads_time
 from ..runtime import progress as _progress
 from ..runtime.progress import Task, task
 from ..runtime.threads import numba_threads, pin_one_thread, worker_count
@@ -1097,9 +1097,10 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     # right-hand side read t? Lanes sit at different times, so then t becomes
     # a per-lane field the leaf sets to each lane's stage time (a rewritten
     # copy of the document); each program is built once, from what it needs.
-    view, lay = model_view(source, model, options=options)
+    # (Remembered per document in the cache: a warm build loads no document.)
     time_field = None
-    if explicit_time(view):
+    if reads_time(source, model, options=options):
+        _, lay = model_view(source, model, options=options)
         source, time_field = time_as_parameter(source, set(lay.params) | set(lay.forcing))
         opts = dict(options or {})
         opts["per_lane"] = tuple(opts.get("per_lane", ())) + (time_field,)

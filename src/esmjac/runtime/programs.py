@@ -39,17 +39,18 @@ from ..model.deep import run_deep
 from ..model.layout import (ElementNames, ModelLayout, column_space, default_vectors, layout_fingerprint,
                             model_layout)
 from ..model.load import SystemView, load_view
+from ..model.timefield import explicit_time
 from . import checks as _checks
 from . import kernels as K
 from .workspace import JacWorkspace, RhsScratch, lane_cells, no_forcing
 from .progress import done, stage
-from ..compile.cache import document_key
+from ..compile.cache import document_key, load_product, store_product
 from .stored import LazyDoc, build_key, cached_build, fingerprint, heads_of  # noqa: F401  (build_key: re-exported)
 from .bound import BoundJacobian, BoundRhs
 from .second import contract_at
 from .threads import one_thread, serial_below
 
-__all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS", "model_view"]
+__all__ = ["RhsProgram", "JacobianProgram", "JacWorkspace", "PROGRAM_OPTIONS", "model_view", "reads_time"]
 
 #: Options of ``JacobianProgram.build`` / ``RhsProgram.build``.
 PROGRAM_OPTIONS = {
@@ -232,6 +233,28 @@ def model_view(source: Any, model: str | None = None, *, options: dict | None = 
     same view), for a caller that must ask the model something before it
     builds (the Rosenbrock leaf: does the right-hand side read ``t``?)."""
     return _view_layout(source, model, check_options(options, PROGRAM_OPTIONS))
+
+
+def reads_time(source: Any, model: str | None = None, *, options: dict | None = None) -> bool:
+    """Whether the model's right-hand side reads ``t``
+    (:func:`esmjac.model.timefield.explicit_time` of its view), remembered
+    per document content in the cache (a signed entry under the document's
+    key, like a build product): a warm build that must ask this first (the
+    Rosenbrock leaf) then loads no document — loading and validating a
+    272-species one costs tens of seconds."""
+    opts = check_options(options, PROGRAM_OPTIONS)
+    keyed = None
+    if opts["cache"] and not isinstance(source, SystemView):
+        keyed = document_key(source, "reads_time", str(model))
+    if keyed is not None:
+        hit = load_product(keyed[0], {})
+        if isinstance(hit, dict) and isinstance(hit.get("reads_time"), bool):
+            return hit["reads_time"]
+    view, _ = _view_layout(source, model, opts)
+    answer = explicit_time(view)
+    if keyed is not None:
+        store_product(keyed[0], {"reads_time": answer}, keyed[1], {})
+    return answer
 
 
 def _build_doc_cached(kind: str, source, model, wrt, opts, make):
