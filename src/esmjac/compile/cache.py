@@ -101,7 +101,7 @@ from ..model.expr import Node, _FDict, iter_children, node
 __all__ = ["cache_dir", "content_hash", "kernel_key", "load_source", "code_version", "document_key",
            "grid_free_key", "dependency_files", "store_product", "load_product", "read_product", "discard_product",
            "StoredProduct", "numba_cache_failure",
-           "purge_numba_cache"]
+           "purge_numba_cache", "schema_passed", "record_schema_pass"]
 
 log = logging.getLogger("esmjac.cache")
 
@@ -1027,6 +1027,23 @@ def read_product(key: str, types: dict) -> StoredProduct | None:
     data = _read_verified(stem.with_suffix(".json"))
     npz = _read_verified(stem.with_suffix(".npz")) if data is not None else None
     return None if data is None or npz is None else StoredProduct(key, data, npz, types)
+
+
+def _schema_key(digest: str) -> str:
+    return content_hash("schema-pass", digest)
+
+
+def schema_passed(digest: str) -> bool:
+    """Whether this user's esmjac recorded (a signed entry) that the
+    instance with ``digest`` passed earthsci-ast's schema pass
+    (:mod:`esmjac.model.schema`)."""
+    hit = load_product(_schema_key(digest), {})
+    return isinstance(hit, dict) and hit.get("schema_passed") == digest
+
+
+def record_schema_pass(digest: str) -> None:
+    """Record (signed) that the instance with ``digest`` passed the schema pass."""
+    store_product(_schema_key(digest), {"schema_passed": digest}, [], {})
 
 
 def discard_product(key: str) -> None:

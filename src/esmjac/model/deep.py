@@ -14,6 +14,7 @@ input parsed on an ordinary 8 MiB thread stack (``json.loads`` of
 """
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
 from typing import Any, Callable
@@ -42,22 +43,27 @@ def _leave() -> None:
             sys.setrecursionlimit(_active[1])
 
 
+def _run(fn, args, kwargs, box: dict) -> None:
+    _local.deep = True
+    try:
+        box["value"] = fn(*args, **kwargs)
+    except BaseException as exc:  # re-raised in the caller's thread
+        box["error"] = exc
+    finally:
+        _leave()                  # by the worker itself: the limit stays raised while it runs,
+                                  # even when the caller stopped waiting (Ctrl-C, an alarm)
+
+
 def run_deep(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on a deep stack (re-entrant: nested calls run
     inline); the process's recursion limit is back to its value on return."""
     if getattr(_local, "deep", False):
         return fn(*args, **kwargs)
     box: dict = {}
+    ctx = contextvars.copy_context()      # the worker runs in the caller's context
 
     def target():
-        _local.deep = True
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
-        finally:
-            _leave()                  # by the worker itself: the limit stays raised while it runs,
-                                      # even when the caller stopped waiting (Ctrl-C, an alarm)
+        ctx.run(_run, fn, args, kwargs, box)
 
     _enter()
     started = False

@@ -43,8 +43,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..calculus.bandset import BandSet
+from ..compile.cache import record_schema_pass, schema_passed
 from ..errors import JacError, typed_errors
 from ..model.layout import element_names, ode_states, resolve_point
+from ..model.schema import remembering
 from ..runtime.progress import Task, task
 from .oracle import assemble
 
@@ -326,7 +328,11 @@ def _fd_check(source, model, points, seed, rtol, atol, lo, hi, prog: Task) -> FD
     if not (rtol >= 0 and atol >= 0 and np.isfinite(rtol) and np.isfinite(atol)):
         raise JacError("bad_option", f"rtol and atol must be finite and >= 0, not {rtol!r}, {atol!r}")
     prog.phase("deriving the Jacobian")
-    bs = source if isinstance(source, BandSet) else BandSet.build(source, model, "states")
+    if isinstance(source, BandSet):
+        bs = source
+    else:
+        with remembering(schema_passed, record_schema_pass):     # the schema pass once per content
+            bs = BandSet.build(source, model, "states")
     view = bs.view
     states = ode_states(view)
     names = element_names(view, states)

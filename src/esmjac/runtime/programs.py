@@ -39,12 +39,13 @@ from ..model.deep import run_deep
 from ..model.layout import (ElementNames, ModelLayout, column_space, default_vectors, layout_fingerprint,
                             model_layout)
 from ..model.load import SystemView, load_view
+from ..model.schema import remembering
 from ..model.timefield import explicit_time
 from . import checks as _checks
 from . import kernels as K
 from .workspace import JacWorkspace, RhsScratch, lane_cells, no_forcing
 from .progress import done, stage
-from ..compile.cache import document_key, load_product, store_product
+from ..compile.cache import document_key, load_product, record_schema_pass, schema_passed, store_product
 from .stored import LazyDoc, build_key, cached_build, fingerprint, heads_of  # noqa: F401  (build_key: re-exported)
 from .bound import BoundJacobian, BoundRhs
 from .second import contract_at
@@ -208,6 +209,13 @@ _VIEWS: "OrderedDict[tuple, SystemView]" = OrderedDict()
 _VIEWS_LOCK = threading.Lock()
 
 
+def _load_view_once(source, model) -> SystemView:
+    """``load_view`` with earthsci-ast's schema pass run once per document
+    content (model/schema.py; the record is the signed cache's)."""
+    with remembering(schema_passed, record_schema_pass):
+        return load_view(source, model)
+
+
 def _view_layout(source, model, opts: dict) -> tuple:
     """The model's view (``source`` loaded, or a view given as it is) and its layout."""
     if isinstance(source, SystemView):
@@ -218,7 +226,7 @@ def _view_layout(source, model, opts: dict) -> tuple:
         with _VIEWS_LOCK:
             view = _VIEWS.get(memo) if memo is not None else None
         if view is None:
-            view = run_deep(load_view, source, model)
+            view = run_deep(_load_view_once if opts["cache"] else load_view, source, model)
             if memo is not None:
                 with _VIEWS_LOCK:
                     _VIEWS[memo] = view

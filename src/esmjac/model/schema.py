@@ -1,0 +1,125 @@
+"""earthsci-ast's JSON-schema pass, run once per document content.
+
+earthsci-ast checks every document it loads against its JSON schema with
+``jsonschema`` (pure Python): about 20 s of CPU for a 272-species
+mechanism, most of loading it. Whether an instance passes is a function of
+the instance, the schema and the validator's version alone, so a caller
+that keeps a record of the instances that passed may skip the pass for one
+it recorded: inside ``with remembering(seen, record):`` an instance whose
+digest (:func:`instance_digest`) ``seen`` confirms is not validated again,
+and one that passes is handed to ``record``. esmjac keeps that record in
+its signed cache (``compile.cache.schema_passed`` /
+``record_schema_pass``): only digests this user's esmjac stored and
+signed count, so a forged record cannot make an invalid document load.
+
+How: ``earthsci_ast.parse`` looks up ``jsonschema.Draft202012Validator``
+at each load. Its module global ``jsonschema`` is replaced, once, by a
+proxy of the real module whose validator class consults the record active
+in the calling thread; outside a ``remembering`` block (another thread,
+a direct earthsci-ast call) everything is forwarded unchanged. Where
+earthsci-ast's parse module does not read the schema that way (another
+version), nothing is replaced and every load validates.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import threading
+import types
+from typing import Any, Callable, Iterator
+
+__all__ = ["remembering", "instance_digest"]
+
+#: The record in force: per thread and context (run_deep runs its worker in
+#: the caller's context, so a document loaded on the deep stack sees it).
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("esmjac_schema_memo", default=None)
+_INSTALLED: list = []
+_LOCK = threading.Lock()
+
+
+def instance_digest(schema: Any, instance: Any) -> str | None:
+    """SHA-256 of (validator version, schema, instance) as canonical JSON;
+    None when the instance is not plain JSON (then it is always validated)."""
+    import jsonschema
+
+    try:
+        parts = [json.dumps(x, sort_keys=True, separators=(",", ":"), allow_nan=True)
+                 for x in (schema, instance)]
+    except (TypeError, ValueError, RecursionError):
+        return None
+    h = hashlib.sha256(f"jsonschema {getattr(jsonschema, '__version__', '?')}\0".encode())
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _validator_class(real: type) -> type:
+    class Remembering:
+        """``real`` (jsonschema's Draft 2020-12 validator) whose
+        ``iter_errors`` skips an instance the active record vouches for."""
+
+        def __init__(self, schema, *a, **k):
+            self._schema = schema
+            self._real = real(schema, *a, **k)
+
+        def iter_errors(self, instance, *a, **k) -> Iterator:
+            memo = _ACTIVE.get()
+            if memo is None or a or k:
+                return self._real.iter_errors(instance, *a, **k)
+            seen, record = memo
+            digest = instance_digest(self._schema, instance)
+            if digest is not None and seen(digest):
+                return iter(())
+            errors = list(self._real.iter_errors(instance))
+            if digest is not None and not errors:
+                record(digest)
+            return iter(errors)
+
+        def __getattr__(self, name: str):
+            return getattr(self._real, name)
+
+    Remembering.__name__ = Remembering.__qualname__ = f"Remembering{real.__name__}"
+    return Remembering
+
+
+def _install() -> bool:
+    """Put the proxy in ``earthsci_ast.parse`` (once); False where that
+    module does not validate through ``jsonschema.Draft202012Validator``."""
+    if _INSTALLED:
+        return _INSTALLED[0]
+    with _LOCK:
+        if not _INSTALLED:
+            ok = False
+            try:
+                import earthsci_ast.parse as eap
+                import jsonschema
+                mod = getattr(eap, "jsonschema", None)
+                if mod is jsonschema and isinstance(getattr(jsonschema, "Draft202012Validator", None), type):
+                    proxy = types.ModuleType("jsonschema")
+                    proxy.__dict__.update(jsonschema.__dict__)
+                    proxy.Draft202012Validator = _validator_class(jsonschema.Draft202012Validator)
+                    eap.jsonschema = proxy
+                    ok = True
+                elif getattr(mod, "Draft202012Validator", None) is not None and \
+                        getattr(mod.Draft202012Validator, "__name__", "").startswith("Remembering"):
+                    ok = True
+            except ImportError:          # pragma: no cover - earthsci-ast is a dependency
+                ok = False
+            _INSTALLED.append(ok)
+    return _INSTALLED[0]
+
+
+@contextlib.contextmanager
+def remembering(seen: Callable[[str], bool], record: Callable[[str], None]):
+    """Within the block, in this thread, earthsci-ast skips the schema
+    pass for an instance ``seen(digest)`` confirms and calls
+    ``record(digest)`` for one that passes (see the module docstring)."""
+    _install()
+    token = _ACTIVE.set((seen, record))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
