@@ -206,3 +206,31 @@ def test_a_non_finite_document_state_fails_naming_species_and_rate(tmp_path, cap
     assert main(["check", str(f), "--points", "1"]) == 5
     out = capsys.readouterr().out
     assert out.startswith("NON-FINITE") and "M.k / M.Z" in out
+
+
+@pytest.mark.parametrize("fx", ["tropo12", "chapman2", *ALL_FIXTURES[:4]])
+def test_the_reused_rhs_is_evaluate_rhs_bit_for_bit(fx, bandset):
+    """The check's finite differences call earthsci-ast's right-hand side
+    built once (check._Rhs); oracle: ``evaluate_rhs`` itself
+    (check.rhs_vector), which builds it anew per call, at random states and
+    times."""
+    from esmjac.calculus.bandset import BandSet
+    from esmjac.model.layout import element_names, ode_states
+
+    bs = BandSet.build(TROPO) if fx == "tropo12" else BandSet.build(chapman(cells=2)) \
+        if fx == "chapman2" else bandset(fx)
+    states = ode_states(bs.view)
+    names = element_names(bs.view, states)
+    flat = check_mod._flat(bs.view)
+    ref, scale = check_mod._reference_state(bs.view, states)
+    rhs = check_mod._Rhs(flat, names, ref)
+    assert rhs._build is not None                   # the reused build, not the per-call fallback
+    rng = np.random.default_rng(3)
+    for k in range(3):
+        y = np.where(ref != 0, ref, scale) * 10.0 ** rng.uniform(-1, 1, len(names))
+        t = float(rng.uniform(0, 1)) if k else 0.0
+        want = check_mod.rhs_vector(flat, names, y, t)
+        got = rhs(y, t)
+        assert got.tobytes() == want.tobytes(), (fx, k)
+        y[0] *= 1.5                                  # another state: not a stale buffer
+        assert rhs(y, t).tobytes() == check_mod.rhs_vector(flat, names, y, t).tobytes()
