@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,7 +321,7 @@ class ScatterPlan:
         return self.csr_index(lanes)[2]
 
 
-def _csr_lanes(arrays: dict, info: dict, L: int) -> tuple:
+def _csr_lanes(arrays: Mapping, info: Mapping, L: int) -> tuple:
     """indptr/indices of a cell program's CSR matrix at ``L`` lanes: row
     (species s, lane l) holds s's columns in order; a lane column ``c`` of
     lane ``l`` is ``c*L + l``, a scalar column ``g`` is ``n_lane_cols*L + g``."""
@@ -344,7 +345,7 @@ def _csr_lanes(arrays: dict, info: dict, L: int) -> tuple:
     return indptr, indices, (n * L, ncols)
 
 
-def _csc_lanes(arrays: dict, info: dict, L: int) -> tuple:
+def _csc_lanes(arrays: Mapping, info: Mapping, L: int) -> tuple:
     """indptr/indices (rows) of a cell program's CSC matrix at ``L`` lanes:
     lane column (c, l) holds rows ``r*L + l`` for c's rows r ascending; a
     scalar column holds rows ``r*L + l`` for its rows r, each over every lane."""
@@ -482,7 +483,7 @@ def markowitz(prog) -> tuple:
 
 def _lane_blocks(prog, layout) -> tuple:
     rc, n, m = _block_pattern(prog)
-    info = {"block": [n, m], "rows": list(prog.layout.states), "cols": list(prog.col_vars)}
+    info: dict[str, Any] = {"block": [n, m], "rows": list(prog.layout.states), "cols": list(prog.col_vars)}
     if isinstance(layout, LaneSparseBlocks) or layout.order == "markowitz":
         order, lu = markowitz(prog)
         inv = {s: i for i, s in enumerate(order)}
