@@ -716,6 +716,8 @@ class LaneStepper:
         lanes' states (and ∂f/∂t for a forcing callable), new Jacobians for
         the lanes that need one (all lanes in one call when all do, else a
         gathered sub-batch), new LUs likewise."""
+        if self.reuse is None:
+            raise JacError("internal_error", "a W-method attempt on a stepper built without reuse")
         max_age, lo, hi = self.reuse
         lu, n, Y = self.lu, self.n, self.Y
         kj, k = _reuse_plan(t, h, tend, self.done, m, self.hs, self.last, self.jage, self.hlu, self.rl,
@@ -862,8 +864,8 @@ class LaneStepper:
             mn = _retire(Y, n, m, done, idx, out, L)
             if mn == 0:
                 return
-            for a in (t, h, self.rl, self.rm, self.nonfin):
-                _squeeze_lane(a, m, done)
+            for arr in (t, h, self.rl, self.rm, self.nonfin):
+                _squeeze_lane(arr, m, done)
             _squeeze_lane(self.crej, m, done)
             if reuse is not None:
                 # the kept Jacobians and factorisations follow their lanes

@@ -254,11 +254,14 @@ class RosenbrockLeaf:
         self.max_rejects = _pos_int("max_rejects", max_rejects)
         self.h0 = None if h0 is None else self._h0(h0)
         self._scratch: dict = {}
-        self._pool = None
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._sens: dict = {}
         self.precision = "double"       # set by rosenbrock(precision=...)
-        self.source, self.model, self.options = None, None, None
+        # what rosenbrock() built from (the sensitivities wrt parameters rebuild from it)
+        self.source: Any = None
+        self.model: str | None = None
+        self.options: dict | None = None
         self.progress = None            # long calls on stderr (runtime.progress; the build option)
 
     @property
@@ -494,8 +497,8 @@ class RosenbrockLeaf:
                                         (self.max_jac_age, *self.hold) if self.reuse else None,
                                         lu_dtype=PRECISIONS[self.precision]))
         i64 = np.int64
-        stats = LeafStats(np.zeros(L, np.int8), *(np.zeros(L, i64) for _ in _COUNTERS),
-                          np.zeros(L), np.zeros(L))
+        stats = LeafStats(status=np.zeros(L, np.int8), **{c: np.zeros(L, i64) for c in _COUNTERS},
+                          h=np.zeros(L), t=np.zeros(L))
         fbuf = np.zeros(max(len(self.forcing_names) * L, 1))     # the user's fields (not t)
         sc = (blocks, steppers, stats, cix, fbuf)
         if len(self._scratch) > 8:                  # a host model uses one or two lane counts
@@ -766,8 +769,8 @@ class RosenbrockLeaf:
         # step is taken. After the last output the solve goes on to tf, so
         # that ``y`` is the state at ``t`` (as solve_ivp's).
         stops = [float(x) for x in te] + ([tf] if te[-1] < tf else [])
-        tot = LeafStats(np.zeros(L, np.int8), *(np.zeros(L, np.int64) for _ in _COUNTERS),
-                        hinit, np.full(L, t0))
+        tot = LeafStats(status=np.zeros(L, np.int8), **{c: np.zeros(L, np.int64) for c in _COUNTERS},
+                        h=hinit, t=np.full(L, t0))
         prog = self._task("leaf solve", "output times")
         prog.set_total(len(stops))
         try:

@@ -492,7 +492,7 @@ class Sensitivities:
         sc = self._adj_scratch(C)
         # W-method reuse: each record's Jacobian states (None where all fresh) and
         # the per-lane sums of the stage pair products of steps sharing a Jacobian
-        yjs = [None] * len(records)
+        yjs: list[np.ndarray | None] = [None] * len(records)
         reused = any(not r[3].all() for r in records)
         if reused:
             YJ = np.empty((n, L))
@@ -684,7 +684,7 @@ class Sensitivities:
                 k_nat.reshape(n, m)[perm] = K[i, :n * m].reshape(n, m)
                 sec = self.sec
                 _hess_tlm(sc["D"], m, sec.row, sec.site, sec.pcol, k_nat, dj, r)
-                if dpm is not None:
+                if dpm is not None and self.jp is not None:     # (dpm is set only with jp)
                     self.jp.apply(self.plan_p, sc["wsp"], dpm, r)
                     sp = self.sec_p
                     _hessp_tlm(sc["Dp"], m, sp.row, sp.site, sp.pcol, sp.plane, self.nl, k_nat, dpm, r)
