@@ -191,11 +191,12 @@ def workspace(ws, owner: str, what: str, n_hoist: int, cell_shape: tuple | None)
     ``ws`` needs ``owner``, ``lanes``, ``h`` (hoisted values, float64, at
     least ``n_hoist``) and ``cix`` (int64 lane map of ``len(cell_shape) *
     lanes`` entries; ``cell_shape`` None for a global program). Verified
-    arrays are remembered by identity (with references held)."""
+    arrays are remembered by identity in ``ws.verified`` (with references
+    held)."""
     if getattr(ws, "owner", None) != owner:
         raise JacError("bad_argument", f"this {what} belongs to another program; make one with this "
                        "program's own new_workspace()/new_buffers()")
-    seen = getattr(ws, "_verified", None)
+    seen = getattr(ws, "verified", None)
     h, cix, L = ws.h, ws.cix, ws.lanes
     if seen is not None and seen[0] is h and seen[1] is cix and seen[2] == L and \
             h.shape[0] >= n_hoist and cix.shape[0] == seen[3]:
@@ -220,7 +221,7 @@ def workspace(ws, owner: str, what: str, n_hoist: int, cell_shape: tuple | None)
     # index-dependent coefficients), never used as addresses, so only its
     # length matters for memory safety; a chunked grid (the dask adapter)
     # legitimately runs a small template program on far-away cells.
-    ws._verified = (h, cix, L, cix.shape[0])
+    ws.verified = (h, cix, L, cix.shape[0])
 
 
 def lanes(n, bytes_per_lane: int, what: str = "workspace") -> int:

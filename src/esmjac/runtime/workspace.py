@@ -64,6 +64,7 @@ class RhsScratch:
     h: np.ndarray
     cix: np.ndarray
     owner: str = ""
+    verified: Any = field(default=None, repr=False, compare=False)   # what runtime.checks.workspace verified
 
 
 @dataclass
@@ -86,6 +87,7 @@ class JacWorkspace:
     point: Any = None              # (u, p, t, forcing) of the last eval_into (copies, see keep_point)
     second_slab: Any = None        # contract's second-order band values
     fused: Any = None              # (plan key, Kernel) of the last fused eval_into
+    verified: Any = field(default=None, repr=False, compare=False)   # what runtime.checks.workspace verified
     _snap: Any = None              # the buffers ``point`` is copied into
 
     def slab(self, dtype, size: int) -> np.ndarray:
