@@ -56,6 +56,17 @@ class _Bound:
     __slots__ = ("prog", "lanes", "dtype", "n_u", "n_out", "n_p", "n_f", "serial", "ws", "keep_point",
                  "_pv", "_p_src", "_f_none", "_body", "_scan", "_seen", "_ush", "_osh", "_ust", "_fsh",
                  "_what", "_pt", "_last_dtype", "_fp")
+    # set by _setup and the subclasses' __init__ (``_h``, ``_cix``: the subclasses' slots)
+    _body: Callable
+    _what: str
+    _h: np.ndarray
+    _cix: np.ndarray
+    _f_none: np.ndarray | None
+    _p_src: np.ndarray | None
+    _seen: tuple
+    _pt: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    _last_dtype: np.dtype | None
+    _fp: str | None
 
     def __call__(self, u: np.ndarray, p, t: float, forcing, out: np.ndarray) -> np.ndarray:
         """Evaluate into ``out`` (and return it); bad input raises a
@@ -271,10 +282,10 @@ class BoundJacobian(_Bound):
                 pg(B, *pa, out)
             return body
 
-        def body(u, p, t, f, out):
+        def scattered(u, p, t, f, out):
             run(u, p, t, f, B)
             K.scatter(plan, B, L, out)
-        return body
+        return scattered
 
     def _tape_body(self) -> Callable:
         """Direct slot stores of the tape engine (a tiled plan): the prologue

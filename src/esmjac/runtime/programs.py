@@ -22,7 +22,7 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -88,6 +88,10 @@ class _Base:
 
     layout: ModelLayout
     kind: str
+    kernel: Kernel
+    u0: Any
+    p0: Any
+    forcing0: Any
 
     @property
     def cells(self) -> int:
@@ -218,6 +222,7 @@ def _load_view_once(source, model) -> SystemView:
 
 def _view_layout(source, model, opts: dict) -> tuple:
     """The model's view (``source`` loaded, or a view given as it is) and its layout."""
+    view: SystemView | None
     if isinstance(source, SystemView):
         view = source
     else:
@@ -293,6 +298,8 @@ class _Product:
     a stored product is revived: ``runtime.stored`` goes through the
     constructor) and again after unpickling (pickle does not keep
     ``writeable=False``)."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]   # every subclass is a dataclass
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

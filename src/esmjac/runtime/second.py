@@ -55,16 +55,17 @@ def _build(prog) -> SecondOrder:
     doc = prog.doc
     states = set(lay.states)
     ctx = Ctx({}, dict(lay.shapes), frozenset(lay.all_params))
-    fields, parent_of = [], []
+    fields: list[Field] = []
+    parents: list[int] = []
     for k, f in enumerate(doc.fields):
         coef = doc.expanded(f.expr)
         for w in sorted(free_names(coef) & states):
             for b in bands(coef, w, ctx, ()):
                 fields.append(Field(f"H{len(fields) + 1}", f.row, w, f.dims, f.pins, tuple(b.cidx), b.coef))
-                parent_of.append(k)
+                parents.append(k)
     doc2 = EvalDoc(lay, "second", doc.kind, (), tuple(fields))
     kern = compile_doc(doc2, ENGINE_OPTIONS)
-    parent_of = np.array(parent_of, dtype=np.int64)
+    parent_of = np.array(parents, dtype=np.int64)
     if doc.kind == "cell":
         sidx = {n: s for s, n in enumerate(lay.states)}
         meta = {"row": np.array([sidx[f.row] for f in fields], np.int64),

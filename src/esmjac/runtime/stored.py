@@ -27,12 +27,14 @@ from disk): codegen programs regenerate it from the decoded document.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 
 import numpy as np
 
+from .._frozen import FrozenMap
 from ..compile.cache import (cache_dir, discard_product, document_key, grid_free_key, load_product,
                              read_product, store_product)
 from ..compile.engine import compile_doc, tape_kernel
@@ -137,10 +139,8 @@ class LazyBands:
     def __getitem__(self, i):
         return self._get()[i]
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other) -> bool:     # (so unhashable: Python sets __hash__ = None)
         return self._get() == tuple(other)
-
-    __hash__ = None
 
     def __reduce__(self):
         return (_same, (self._get(),))
@@ -247,7 +247,7 @@ def _load(key: str, types: dict, opts: dict, cells: int | None = None):
 # ------------------------------------------------------------------ one entry, any cell count
 
 def _resize_layout(lay: ModelLayout, n0: int, n: int) -> ModelLayout:
-    shapes = {k: ((n,) if tuple(v) == (n0,) else tuple(v)) for k, v in lay.shapes.items()}
+    shapes = FrozenMap({k: ((n,) if tuple(v) == (n0,) else tuple(v)) for k, v in lay.shapes.items()})
     return dataclasses.replace(lay, shapes=shapes, cell_shape=(n,))
 
 
@@ -345,10 +345,10 @@ def _revive(core: dict, expr, types: dict, opts: dict):
         nh = stored.n_hoist
         if isinstance(nh, bool) or not isinstance(nh, int) or not 0 <= nh <= 1 << 24:
             raise ValueError("bad hoisted-value count")
-        common = dict(n_hoist=nh, n_params=len(lay.params), n_states=len(lay.states),
-                      n_forcing=len(lay.forcing), n_cix=len(lay.cell_shape))
-        pro = check_tape(pc, pk, pn, TapeBounds(**common, stores=0, prologue=True))
-        body = check_tape(bc, bk, bn, TapeBounds(**common, stores=len(heads) if is_jac else len(lay.states)))
+        bounds = functools.partial(TapeBounds, n_hoist=nh, n_params=len(lay.params), n_states=len(lay.states),
+                                   n_forcing=len(lay.forcing), n_cix=len(lay.cell_shape))
+        pro = check_tape(pc, pk, pn, bounds(stores=0, prologue=True))
+        body = check_tape(bc, bk, bn, bounds(stores=len(heads) if is_jac else len(lay.states)))
         kern = tape_kernel(pro, body, nh)
         if kern.key != stored.key:
             raise ValueError("the stored tapes do not match the stored kernel key")
