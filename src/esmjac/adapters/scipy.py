@@ -185,6 +185,8 @@ class IvpProblem(Problem):
         return out.reshape(n, n)
 
     def _jac_banded(self, t, y):
+        if self.lband is None or self.uband is None:
+            raise JacError("internal_error", "a banded Jacobian of a problem built without bandwidths")
         self.counters.njev += 1
         n, w = self.n, self.lband + self.uband + 1
         data = self.jac_data(t, y)

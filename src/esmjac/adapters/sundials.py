@@ -253,11 +253,13 @@ class _BandedPC:
 
     def factor(self, gamma: float) -> None:
         from scipy.linalg import lapack
-        kl, ku, m = self.kl, self.ku, self.m
+        kl, ku, m, AB = self.kl, self.ku, self.m, self.AB
+        if AB is None:
+            raise JacError("internal_error", "the banded preconditioner was factored before it was evaluated")
         lus = []
         for c in range(self.C):
             ab = np.zeros((2 * kl + ku + 1, m), order="F")
-            ab[kl:, :] = -gamma * self.AB[:, :, c]
+            ab[kl:, :] = -gamma * AB[:, :, c]
             ab[kl + ku, :] += 1.0
             lu, piv, info = lapack.dgbtrf(ab, kl, ku, overwrite_ab=1)
             if info != 0:

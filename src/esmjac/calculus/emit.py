@@ -104,11 +104,11 @@ def _census(work):
         if isinstance(root, Node):
             counts[root] += 1
     for x in reversed(order):          # parents before children
-        c = counts[x]
-        if c:
+        mult = counts[x]
+        if mult:
             for k in iter_children(x):
                 if isinstance(k, Node):
-                    counts[k] += c
+                    counts[k] += mult
     return order, counts
 
 

@@ -259,7 +259,7 @@ def _bilinear_partial(T, xv, yv, xe, ye):
     """∂(bilinear blend)/∂x as a nested segment ``ifelse`` (flat-zero outside
     ``xv``; leaves blend the x-slopes with the clamped y-weight)."""
     nx, ny = len(xv), len(yv)
-    out = 0
+    out: Expr = 0
     for i in range(nx - 2, -1, -1):
         def sl(j, i=i):
             return (T[i + 1][j] - T[i][j]) / (xv[i + 1] - xv[i])

@@ -18,6 +18,7 @@ interned (``expr.py``), "structurally equal" is ``is`` here.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..model.evaluate import Decline as _Decline, ev as _ev
 from ..model.expr import AGG, Node, is_lit, map_children, node, with_args
@@ -71,7 +72,7 @@ def simplify(e):
     """The reference's algebraic ``simplify`` (see module docstring)."""
     if not isinstance(e, Node):
         return e
-    memo = {}
+    memo: dict[Node, Any] = {}
     return _simplify(e, memo)
 
 
@@ -182,7 +183,7 @@ def canon_lits(e):
         return e
     if not isinstance(e, Node):
         return e
-    memo = {}
+    memo: dict[Node, Any] = {}
 
     def go(x):
         if isinstance(x, float):

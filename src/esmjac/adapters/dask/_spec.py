@@ -14,6 +14,7 @@ import os
 import threading
 import zlib
 from collections import Counter, OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,7 +160,7 @@ def _build(spec: _Spec) -> _Built:
                   JacobianProgram.build(doc, spec.model, wrt="states", options=opts))
 
 
-def _scratch(spec: _Spec, what: str, lanes: int, make):
+def _scratch(spec: _Spec, what: Hashable, lanes: int, make):
     """One scratch object per (thread, spec, role, lanes), reused across tasks."""
     cache = getattr(_TLS, "ws", None)
     if cache is None:
