@@ -97,14 +97,14 @@ def _install() -> bool:
                 import earthsci_ast.parse as eap
                 import jsonschema
                 mod = getattr(eap, "jsonschema", None)
-                if mod is jsonschema and isinstance(getattr(jsonschema, "Draft202012Validator", None), type):
+                real = getattr(jsonschema, "Draft202012Validator", None)
+                if mod is jsonschema and isinstance(real, type):
                     proxy = types.ModuleType("jsonschema")
                     proxy.__dict__.update(jsonschema.__dict__)
-                    proxy.Draft202012Validator = _validator_class(jsonschema.Draft202012Validator)
+                    proxy.__dict__["Draft202012Validator"] = _validator_class(real)
                     eap.jsonschema = proxy
                     ok = True
-                elif getattr(mod, "Draft202012Validator", None) is not None and \
-                        getattr(mod.Draft202012Validator, "__name__", "").startswith("Remembering"):
+                elif getattr(getattr(mod, "Draft202012Validator", None), "__name__", "").startswith("Remembering"):
                     ok = True
             except ImportError:          # pragma: no cover - earthsci-ast is a dependency
                 ok = False
