@@ -220,15 +220,17 @@ class Lowering:
                         sign = -1.0
                         uni = others if c == -1.0 else [-c] + others
                     h = self._hoist(blk, node(o, uni) if len(uni) > 1 else uni[0])
-                    # Varying factors first, in value order: k1*A*B, k1*B*A
-                    # share A*B (a reaction's concentration product).
-                    v = blk.emit("*", _fold(blk, o, sorted(rest)), h) if rest else h
+                    # Varying factors first, in one order (:func:`_lanes_last`):
+                    # k1*A*B, k1*B*A share A*B (a reaction's concentration product).
+                    v = blk.emit("*", _fold(blk, o, _lanes_last(blk, rest)), h) if rest else h
                     return blk.emit("neg", v) if sign == -1.0 else v
                 h = self._hoist(blk, node(o, uni) if len(uni) > 1 else uni[0])
                 return _fold(blk, o, [h] + rest)
         if o == "+":
             return _fold(blk, "+", vals) if vals else blk.emit("const", 0.0)
         if o == "*":
+            if blk is not self.prologue:
+                vals = _lanes_last(blk, vals)
             return _fold(blk, "*", vals) if vals else blk.emit("const", 1.0)
         if o in ("-", "neg"):
             if len(vals) == 1:
@@ -324,6 +326,25 @@ def const_table(v) -> tuple:
             flat.append(float(y))
     go(v)
     return tuple(flat), tuple(shape)
+
+
+def _lanes_last(blk: Block, vals: list) -> list:
+    """A product's factors in one order whatever the equation wrote: the
+    computed factors first, as written, then the lane reads by (array,
+    species). A reaction's term ``k(T)·A·B`` is then one chain of values
+    shared by every species the reaction moves (``B·A·k`` and ``k·A·B`` used
+    to be two: on SuperFast's right-hand side, where every rate constant
+    depends on the cell's temperature, a quarter of the products were
+    recomputed). The order depends only on the expression, never on value
+    numbers, so every chunking and engine associates a product alike."""
+    if len(vals) < 2:
+        return vals
+
+    def key(iv):
+        i, v = iv
+        op, args = blk.ins[v]
+        return (1, str(args[0]), int(args[1]), i) if op == "lane" else (0, "", 0, i)
+    return [v for _, v in sorted(enumerate(vals), key=key)]
 
 
 def _fold(blk: Block, o: str, vals: list) -> int:
