@@ -9,9 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..compile.codegen import tile_scratch
+from ..compile.engine import FusedTape, run_tapes
+from .lanehoist import LaneSplit, split
+from ..compile.tape import run_tape
+from ..compile.twins import serial_twin
 from ..runtime import kernels as K
 
-__all__ = ["bind_kernel", "BoundPrograms"]
+__all__ = ["bind_kernel", "BoundPrograms", "LaneHoist", "lane_hoist"]
 
 
 def bind_kernel(kern, p: np.ndarray, t: float):
@@ -22,15 +26,61 @@ def bind_kernel(kern, p: np.ndarray, t: float):
     return kern.bind_params(p, t, np.zeros(max(kern.n_hoist, 1)))
 
 
+class LaneHoist:
+    """The leaf's tapes cut at the state (:mod:`esmjac.integrators.lanehoist`):
+    the right-hand side's and the Jacobian's state-independent values (rate
+    coefficients) become per-lane field rows after the program's own
+    ``n_forcing`` rows — the right-hand side's first, then the Jacobian's —
+    computed once per chemistry step by :meth:`BoundPrograms.lane_prologue`
+    instead of in every call. ``rows`` is the number of rows added; the
+    bodies read them, so their values keep the unsplit tapes' bits."""
+
+    def __init__(self, rhs_tapes: tuple, jac_body, n_forcing: int):
+        self.n_forcing = int(n_forcing)
+        self.rhs: LaneSplit = split(rhs_tapes[1], self.n_forcing)
+        self.jac: LaneSplit = split(jac_body, self.n_forcing + self.rhs.rows)
+        self.rows = self.rhs.rows + self.jac.rows
+
+
+def lane_hoist(leaf, plan) -> LaneHoist | None:
+    """The :class:`LaneHoist` of ``leaf``'s programs on ``plan``, or None
+    when there is nothing to cut: generated-code programs (their rates are
+    compiled inline; only taped programs are split) or no state-independent
+    value. Cut once per leaf and plan (a Python pass over the tapes)."""
+    rhs, jac = leaf.rhs_program, leaf.jac_program
+    if rhs.kernel.engine != "tape" or jac.kernel.engine != "tape":
+        return None
+    memo = leaf.__dict__.setdefault("_lane_hoist", {})
+    key = id(plan)
+    if key not in memo:
+        body = jac.direct_tape(plan).body if _direct(plan) else jac.kernel.tapes[1]
+        hz = LaneHoist(rhs.kernel.tapes, body, len(rhs.forcing_names))
+        memo[key] = (plan, hz if hz.rows else None)
+    return memo[key][1]
+
+
+def _direct(plan) -> bool:
+    """Whether the tape Jacobian stores straight into ``plan``'s tile slots."""
+    return plan.kind == "lane" and bool(plan.tiled)
+
+
 class BoundPrograms:
     """The programs bound to fixed parameters and time for one worker thread:
     ``rhs(u, fz, cix, m, out)`` and ``jac(u, fz, cix, m, out)`` on the first
     ``m`` compact lanes, one-thread kernels, parameter-only values hoisted
-    once here (not per call)."""
+    once here (not per call). With ``hoist`` (a :class:`LaneHoist`) the
+    programs read the state-independent values from ``fz``'s rows after the
+    program's own fields, which :meth:`lane_prologue` fills."""
 
-    def __init__(self, leaf, p: np.ndarray, t: float, capacity: int, plan=None):
+    def __init__(self, leaf, p: np.ndarray, t: float, capacity: int, plan=None,
+                 hoist: LaneHoist | None = None):
         rhs, jac = leaf.rhs_program, leaf.jac_program
         plan = leaf.plan if plan is None else plan
+        self.hoist = hoist
+        self.lane_prologue = None
+        if hoist is not None:
+            self._bind_hoisted(leaf, p, t, plan, hoist, capacity)
+            return
         self.rhs = bind_kernel(rhs.kernel, p, t)
 
         if jac.kernel.engine == "codegen":
@@ -65,3 +115,41 @@ class BoundPrograms:
                 slab(u, fz, cix, m, slabs[0])
                 K.scatter(plan, slabs[0], m, out)
         self.jac = j
+
+    def _bind_hoisted(self, leaf, p, t, plan, hz: LaneHoist, capacity: int) -> None:
+        """The split tapes bound like the unsplit ones (serial interpreter,
+        prologue per call), and the lane prologue."""
+        rhs, jac = leaf.rhs_program, leaf.jac_program
+        run, t = serial_twin(run_tape), float(t)
+        rpro = rhs.kernel.tapes[0]
+        hr = np.zeros(max(rhs.kernel.n_hoist, 1))
+        hj = np.zeros(max(jac.kernel.n_hoist, 1))
+        rt = (rpro, hz.rhs.body)
+
+        def r(u, fz, cix, m, out):
+            run_tapes(run, rt, u, fz, p, t, hr, cix, out, m)
+        self.rhs = r
+        if _direct(plan):
+            ft = jac.direct_tape(plan)
+            jpro = ft.prologue
+            self.jac = FusedTape(jpro, hz.jac.body, ft.zero_slots).bind_lanes(
+                p, t, hj, int(plan.info["slots_per_lane"]), plan.tile_width, plan.capacity)
+        else:
+            jpro = jac.kernel.tapes[0]
+            jt = (jpro, hz.jac.body)
+            slabs = [np.zeros(max(jac.n_fields * capacity, 1))]
+
+            def j(u, fz, cix, m, out):
+                if slabs[0].size < jac.n_fields * m:
+                    slabs[0] = np.zeros(jac.n_fields * m)
+                run_tapes(run, jt, u, fz, p, t, hj, cix, slabs[0], m)
+                K.scatter(plan, slabs[0], m, out)
+            self.jac = j
+        parts = [(pro, cut.prologue, h) for cut, pro, h in ((hz.rhs, rpro, hr), (hz.jac, jpro, hj))
+                 if cut.prologue is not None]
+
+        def lane_prologue(fz, cix, m):
+            """Rows ``n_forcing..`` of ``fz`` (stride ``m``) from its first rows."""
+            for pro, lp, h in parts:
+                run_tapes(run, (pro, lp), fz, fz, p, t, h, cix, fz, m)
+        self.lane_prologue = lane_prologue

@@ -637,14 +637,20 @@ class LaneStepper:
     def __init__(self, tab, lu: SparseLaneLU, perm: np.ndarray, iperm: np.ndarray,
                  n_forcing: int, n_cdims: int, capacity: int, tile: int | None,
                  rhs, jac, shared: bool, compact: bool, reuse: tuple | None = None,
-                 lu_dtype=np.float64):
+                 lu_dtype=np.float64, lane_prologue=None, n_hoisted: int = 0):
         self.tab, self.lu = tab, lu
         # reuse: None (a new Jacobian and LU every attempt) or (max_age, lo, hi)
         # for a W-method's per-lane reuse (see _reuse_plan)
         self.reuse = reuse
         self.perm, self.iperm = perm, iperm
         n, C, S = lu.n, int(capacity), tab.stages
-        self.n, self.C, self.nf, self.ncd = n, C, int(n_forcing), int(n_cdims)
+        # FZ holds the program's fields (nfu rows: the user's, or a forcing
+        # callable's) and, after them, n_hoisted rows of state-independent
+        # values (rate coefficients) that ``lane_prologue(FZ, cix, m)``
+        # computes from them whenever they change (bound.LaneHoist)
+        self.nfu = int(n_forcing)
+        self.lane_prologue = lane_prologue if n_hoisted else None
+        self.n, self.C, self.nf, self.ncd = n, C, int(n_forcing) + int(n_hoisted), int(n_cdims)
         self.tile = tile
         self.rhs, self.jac = rhs, jac
         self.shared, self.compact = bool(shared), bool(compact)
@@ -704,11 +710,14 @@ class LaneStepper:
     def _forcing_at(self, fcall, times, m):
         """Evaluate a forcing callable at per-lane ``times`` into FZ."""
         val = np.asarray(fcall(times[:m], self.idx[:m]), dtype=np.float64)
-        if val.size != self.nf * m:
+        nfu = self.nfu
+        if val.size != nfu * m:
             raise JacError("bad_argument",
                            f"forcing(t, lanes) returned {val.size} values; expected "
-                           f"{self.nf} fields x {m} lanes (shape ({self.nf}, {m}))")
-        self.FZ[:self.nf * m] = val.reshape(-1)
+                           f"{nfu} fields x {m} lanes (shape ({nfu}, {m}))")
+        self.FZ[:nfu * m] = val.reshape(-1)
+        if self.lane_prologue is not None:
+            self.lane_prologue(self.FZ, self.cix, m)
 
     def _w_matrices(self, t, h, tend, m, W, WA, nonauto, fcall):
         """A W-method attempt's f(y), Jacobians and factorisations, each lane
@@ -762,10 +771,12 @@ class LaneStepper:
         idx = self.idx
         idx[:m] = np.arange(lane0, lane0 + m)
         _gather(u, L, idx, n, m, self.Y)
-        if self.nf and fcall is None:
-            _gather(forcing, L, idx, self.nf, m, self.FZ)
+        if self.nfu and fcall is None:
+            _gather(forcing, L, idx, self.nfu, m, self.FZ)
         if self.ncd:
             _gather(cix_full, L, idx, self.ncd, m, self.cix)
+        if self.lane_prologue is not None and fcall is None:
+            self.lane_prologue(self.FZ, self.cix, m)       # once per call: the fields are constant
         span = float(tend - t0)
         t, h, hs = self.t, self.h, self.hs
         t[:m] = t0

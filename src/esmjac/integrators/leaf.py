@@ -39,7 +39,7 @@ from ..runtime import progress as _progress
 from ..runtime.progress import Task, task
 from ..runtime.threads import numba_threads, pin_one_thread, worker_count
 from ..runtime.workspace import lane_cells
-from .bound import BoundPrograms
+from .bound import BoundPrograms, lane_hoist
 from .lanestep import RUNNING, STATUS, LaneStepper
 from .sensitivity import Sensitivities
 from .tableaux import METHODS, Tableau, perm_arrays
@@ -262,6 +262,7 @@ class RosenbrockLeaf:
         self.source: Any = None
         self.model: str | None = None
         self.options: dict | None = None
+        self.hoist_rates = True         # set by rosenbrock(hoist_rates=...)
         self.progress = None            # long calls on stderr (runtime.progress; the build option)
 
     @property
@@ -483,19 +484,22 @@ class RosenbrockLeaf:
             return sc
         unit = CHUNK if self.tile is None else int(self.tile)
         per = -(-L // nthreads)
-        cap = block_lanes(self.n_species, self._lu.nnz, self._tab.stages, len(self._program_forcing))
+        hz = lane_hoist(self, self.plan) if self.hoist_rates else None
+        rows = 0 if hz is None else hz.rows
+        cap = block_lanes(self.n_species, self._lu.nnz, self._tab.stages, len(self._program_forcing) + rows)
         per = -(-min(per, cap) // unit) * unit
         blocks = [(a, min(per, L - a)) for a in range(0, L, per)]
         ncd = len(self.rhs_program.layout.cell_shape)
         cix = lane_cells(self.rhs_program.layout.cell_shape, L)
         steppers = []
         for _, c in blocks:
-            b = BoundPrograms(self, self.p, 0.0, c)
+            b = BoundPrograms(self, self.p, 0.0, c, hoist=hz)
             steppers.append(LaneStepper(self._tab, self._lu, self._perm, self._iperm,
                                         len(self._program_forcing), ncd, c, self.tile, b.rhs, b.jac,
                                         self.step == "shared", self.compact,
                                         (self.max_jac_age, *self.hold) if self.reuse else None,
-                                        lu_dtype=PRECISIONS[self.precision]))
+                                        lu_dtype=PRECISIONS[self.precision],
+                                        lane_prologue=b.lane_prologue, n_hoisted=rows))
         i64 = np.int64
         stats = LeafStats(status=np.zeros(L, np.int8), **{c: np.zeros(L, i64) for c in _COUNTERS},
                           h=np.zeros(L), t=np.zeros(L))
@@ -978,6 +982,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                reuse: bool | None = None, max_jac_age: int = MAX_JAC_AGE,
                hold: tuple = HOLD, precision: str = "double", per_cell=None,
                max_abs: float = math.inf, negative: str = "allow", nonnegative: bool | None = None,
+               hoist_rates: bool = True,
                **extra) -> RosenbrockLeaf:
     """Build the native Rosenbrock leaf for a per-cell (``cell``-lane) mechanism.
 
@@ -1077,6 +1082,15 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     nonnegative : bool
         Deprecated: ``negative="fail"`` (the name meant clipping in
         ``sundials.cvode``).
+    hoist_rates : bool
+        Evaluate the state-independent values of the right-hand side and
+        the Jacobian — rate coefficients such as ``A·exp(-E/T)`` of each
+        lane's own temperature — once per :meth:`~RosenbrockLeaf.advance`
+        per lane instead of in every stage (default; KPP's
+        ``Update_RCONST``). Taped programs (large mechanisms) only; the
+        values, and so the results, are bitwise those without it
+        (:mod:`esmjac.integrators.lanehoist`). A forcing callable re-evaluates
+        them with its fields.
 
     Returns
     -------
@@ -1093,6 +1107,8 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     if extra:
         raise JacError("bad_option", f"unknown options {sorted(extra)} for native.rosenbrock")
     nonnegative, clip_negative = _negative(negative, nonnegative, clip_negative)
+    if not isinstance(hoist_rates, (bool, np.bool_)):
+        raise JacError("bad_option", f"hoist_rates must be True or False, got {hoist_rates!r}")
     if precision not in PRECISIONS:
         raise JacError("bad_option", f"precision must be one of {sorted(PRECISIONS)}, not {precision!r}")
     options = checks.cell_options(options, per_cell)
@@ -1124,6 +1140,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
                           reuse=reuse, max_jac_age=max_jac_age, hold=hold,
                           max_abs=max_abs, nonnegative=nonnegative)
     leaf.precision = precision
+    leaf.hoist_rates = bool(hoist_rates)
     leaf.source, leaf.model, leaf.options = source, model, options
     leaf.progress = (options or {}).get("progress")
     leaf._warm()

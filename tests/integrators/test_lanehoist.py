@@ -1,0 +1,154 @@
+"""Lane hoisting in the leaf (``hoist_rates``, esmjac.integrators.lanehoist): the
+state-independent values of the taped right-hand side and Jacobian (rate
+coefficients of each lane's own temperature) computed once per advance.
+
+Oracles: the unsplit tapes (the programs as built, run by the same
+interpreter: the split must reproduce their bits), the leaf with
+``hoist_rates=False`` (bitwise, every lane and counter), SciPy's Radau at
+rtol 1e-10 on the program's right-hand side (an independent integrator).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+from esmjac.adapters.native import rosenbrock
+from esmjac.compile.engine import run_tapes
+from esmjac.integrators.lanehoist import split
+from esmjac.compile.tape import OPS, run_tape
+from esmjac.errors import JacError
+from esmjac.integrators.bound import lane_hoist
+from esmjac.models.mechanism import lift
+from tests.support.leafgrid import DT, NS
+from tests.support.leafgrid import heterogeneous_grid as _grid
+from tests.support.programs import TROPO12
+
+RTOL = 1e-3
+L = 8
+TAPE = {"engine": "tape", "progress": False}
+
+
+@pytest.fixture(scope="module")
+def doc8():
+    return lift(json.loads(TROPO12.read_text()), L)
+
+
+def _leaf(doc, **kw):
+    return rosenbrock(doc, rtol=RTOL, threads=1, per_cell=["T"], options=TAPE, **kw)
+
+
+@pytest.fixture(scope="module")
+def leaves(doc8):
+    return _leaf(doc8), _leaf(doc8, hoist_rates=False)
+
+
+def _forcing(lf, fj, seed=0):
+    """(fj, T) per lane in the leaf's field order: temperatures 250–310 K."""
+    T = np.random.default_rng(seed).uniform(250.0, 310.0, fj.size)
+    rows = {"fj": fj, "T": T}
+    return np.ascontiguousarray(np.concatenate([rows[k.split(".")[-1]] for k in lf.forcing_names]))
+
+
+def test_the_split_tapes_compute_the_unsplit_bits(leaves):
+    on, _ = leaves
+    hz = lane_hoist(on, on.plan)
+    assert hz is not None and hz.rhs.rows > 0 and hz.jac.rows > 0
+    rhs = on.rhs_program
+    pro, body = rhs.kernel.tapes
+    # the exponentials of temperature left the body: only the prologue has them
+    exp = OPS.index("exp")
+    assert np.any(body.code[:, 0] == exp) and not np.any(hz.rhs.body.code[:, 0] == exp)
+    assert np.any(hz.rhs.prologue.code[:, 0] == exp)
+    u, fj = _grid(on, L, 1)
+    nfu = len(rhs.forcing_names)
+    f = _forcing(on, fj, 1)
+    cix = np.zeros(1, np.int64)
+    h = np.zeros(max(rhs.kernel.n_hoist, 1))
+    ref = np.full(u.size, np.nan)
+    run_tapes(run_tape, (pro, body), u, f, on.p, 0.0, h, cix, ref, L)
+    fz = np.zeros((nfu + hz.rhs.rows) * L)
+    fz[:nfu * L] = f
+    run_tapes(run_tape, (pro, hz.rhs.prologue), fz, fz, on.p, 0.0, h, cix, fz, L)
+    out = np.full(u.size, np.nan)
+    run_tapes(run_tape, (pro, hz.rhs.body), u, fz, on.p, 0.0, h, cix, out, L)
+    assert np.all(np.isfinite(ref)) and np.array_equal(out, ref)
+
+
+def test_a_tape_without_state_independent_values_is_not_split(leaves):
+    on, _ = leaves
+    hz = lane_hoist(on, on.plan)
+    again = split(hz.rhs.body, 99)      # the cut body has nothing left to hoist
+    assert again.prologue is None and again.rows == 0 and again.body is hz.rhs.body
+
+
+@pytest.mark.parametrize("kw", [{}, {"tile": None}, {"method": "ros34pw2"}, {"step": "shared"}])
+def test_hoisted_leaf_equals_unhoisted_bitwise(doc8, kw):
+    on, off = _leaf(doc8, **kw), _leaf(doc8, hoist_rates=False, **kw)
+    assert lane_hoist(on, on.plan) is not None
+    u, fj = _grid(on, L, 2)
+    F = _forcing(on, fj, 2)
+    v1, v2 = u.copy(), u.copy()
+    s1 = on.advance(v1, 0.0, DT, forcing=F)
+    t1 = s1.totals()
+    s2 = off.advance(v2, 0.0, DT, forcing=F)
+    assert s1.success and s2.success
+    assert np.array_equal(v1, v2) and t1 == s2.totals() and t1["nsteps"] > L
+
+
+def test_hoisted_leaf_with_a_forcing_callable_equals_unhoisted(leaves):
+    # the fields change per stage: the hoisted rows are recomputed with them
+    on, off = leaves
+    u, fj = _grid(on, L, 4)
+    F = _forcing(on, fj, 4).reshape(-1, L)
+
+    def fcall(t, lanes):
+        G = F[:, lanes].copy()
+        G[-1] = G[-1] + 1e-3 * t          # the last field drifts in time
+        return G
+
+    v1, v2 = u.copy(), u.copy()
+    s1 = on.advance(v1, 0.0, DT, forcing=fcall)
+    t1 = s1.totals()
+    s2 = off.advance(v2, 0.0, DT, forcing=fcall)
+    assert s1.success and s2.success and np.array_equal(v1, v2) and t1 == s2.totals()
+
+
+def test_hoisted_lane_alone_equals_lane_in_batch(doc8):
+    on = _leaf(doc8)
+    u, fj = _grid(on, L, 5)
+    F = _forcing(on, fj, 5)
+    v = u.copy()
+    assert on.advance(v, 0.0, DT, forcing=F).success
+    one = _leaf(lift(json.loads(TROPO12.read_text()), 1))
+    k = 5
+    w = np.ascontiguousarray(u.reshape(NS, L)[:, k])
+    assert one.advance(w, 0.0, DT, forcing=np.ascontiguousarray(F.reshape(-1, L)[:, k])).success
+    assert np.array_equal(w, v.reshape(NS, L)[:, k])
+
+
+def test_hoisted_leaf_against_radau(leaves):
+    on, _ = leaves
+    u, fj = _grid(on, L, 6)
+    F = _forcing(on, fj, 6)
+    v = u.copy()
+    assert on.advance(v, 0.0, DT, forcing=F).success
+    rhs, sc = on.rhs_program, on.rhs_program.new_buffers(L)
+
+    def f(t, y):
+        return rhs.eval_into(np.ascontiguousarray(y), on.p, t, F, np.empty_like(y), sc)
+
+    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(on.atol, L))
+    assert ref.success
+    y = ref.y[:, -1]
+    atol = np.repeat(on.atol, L)
+    err = np.max(np.abs(v - y) / (atol + RTOL * np.abs(y)))
+    assert err < 10.0, err          # within a few tolerances (a 3rd-order method at rtol 1e-3)
+
+
+def test_hoist_rates_option_checked(doc8):
+    with pytest.raises(JacError) as e:
+        _leaf(doc8, hoist_rates="yes")
+    assert e.value.code == "bad_option"
