@@ -196,8 +196,19 @@ class _Trace:
 
     def __init__(self, steppers):
         self.calls, self.steppers, self.saved = [], steppers, [s.jac for s in steppers]
+        self.saved_pro = [s.lane_prologue for s in steppers]
+        self.pro_cpu = 0.0
         for b, st in enumerate(steppers):
             st.jac = self._wrap(b, st, st.jac)
+            if st.lane_prologue is not None:
+                st.lane_prologue = self._timed(st.lane_prologue)
+
+    def _timed(self, fn):
+        def pro(*a):
+            t0 = time.thread_time()
+            fn(*a)
+            self.pro_cpu += time.thread_time() - t0
+        return pro
 
     def _wrap(self, b, st, jac):
         def j(u, fz, cix, m, out):
@@ -208,8 +219,8 @@ class _Trace:
         return j
 
     def restore(self):
-        for s, j in zip(self.steppers, self.saved):
-            s.jac = j
+        for s, j, pr in zip(self.steppers, self.saved, self.saved_pro):
+            s.jac, s.lane_prologue = j, pr
 
 
 def _bandwidth() -> float:
@@ -280,6 +291,8 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
         assert np.array_equal(v, final)
         parts = _time_bound(steppers, tr.calls)
         parts = {k: val / res["attempts"] * 1e6 for k, val in parts.items()}
+        if tr.pro_cpu:
+            parts["rate coefficients in the leaf (once per advance)"] = tr.pro_cpu / res["attempts"] * 1e6
         if hoisted:
             c, _ = _cpu(lambda: obj.forcing_of(fz, L))
             parts["rate coefficients (once per 20 min)"] = c / res["attempts"] * 1e6
@@ -405,7 +418,10 @@ def bench_cvode(doc, L, rtol, out, ref=None, u0=None, fz=None, nall=None):
 ROUTES = {
     "hoisted": ("leaf Rodas3, rates hoisted (KPP split)", True, {}),
     "hoisted-mixed": ("leaf Rodas3, rates hoisted, precision=mixed", True, {"precision": "mixed"}),
-    "published": ("leaf Rodas3, as published (rates in every call)", False, {}),
+    "published": ("leaf Rodas3, the published document (rates hoisted inside the leaf)", False, {}),
+    "published-nohoist": ("leaf Rodas3, as published, hoist_rates=False (rates in every call)", False,
+                          {"hoist_rates": False}),
+    "published-mixed": ("leaf Rodas3, the published document, precision=mixed", False, {"precision": "mixed"}),
     "hoisted-oldblock": ("leaf Rodas3, rates hoisted, 1,024-lane blocks (before #25)", True,
                          {"_block_bytes": 1 << 40}),
     # not in the default list (not run for RESULTS.md yet): the W-method with per-lane reuse

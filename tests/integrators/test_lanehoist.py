@@ -18,9 +18,10 @@ from scipy.integrate import solve_ivp
 from esmjac.adapters.native import rosenbrock
 from esmjac.compile.engine import run_tapes
 from esmjac.integrators.lanehoist import split
+from esmjac.integrators.lanetape import FUSED_BASE
 from esmjac.compile.tape import OPS, run_tape
 from esmjac.errors import JacError
-from esmjac.integrators.bound import lane_hoist
+from esmjac.integrators.bound import BoundPrograms, lane_hoist
 from esmjac.models.mechanism import lift
 from tests.support.leafgrid import DT, NS
 from tests.support.leafgrid import heterogeneous_grid as _grid
@@ -75,6 +76,45 @@ def test_the_split_tapes_compute_the_unsplit_bits(leaves):
     out = np.full(u.size, np.nan)
     run_tapes(run_tape, (pro, hz.rhs.body), u, fz, on.p, 0.0, h, cix, out, L)
     assert np.all(np.isfinite(ref)) and np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("lanes", [13, 16])
+def test_fused_operand_tapes_compute_the_plain_bits(leaves, lanes):
+    # the leaf runs the cut bodies with fused operands (integrators.lanetape);
+    # oracle: the programs' own unsplit tapes, right-hand side (lanes-fastest)
+    # and Jacobian (tile slots, zeroed fill-in, padding lanes past the last
+    # real one: 13 lanes fill 16), on fresh states and fields
+    on, _ = leaves
+    hz = lane_hoist(on, on.plan)
+    nops = hz.rhs.fused.code.shape[0] + hz.jac.fused.code.shape[0]
+    assert np.any(hz.rhs.fused.code[:, 0] >= FUSED_BASE)
+    assert nops < hz.rhs.body.code.shape[0] + hz.jac.body.code.shape[0]     # loads fused away
+    rhs, jac = on.rhs_program, on.jac_program
+    doc = lift(json.loads(TROPO12.read_text()), lanes)
+    lf = _leaf(doc)
+    u, fj = _grid(lf, lanes, 7)
+    nfu = len(rhs.forcing_names)
+    f = _forcing(lf, fj, 7)
+    cix = np.zeros(1, np.int64)
+    fz = np.zeros((nfu + hz.rows) * lanes)
+    fz[:nfu * lanes] = f
+    b = BoundPrograms(on, on.p, 0.0, lanes, hoist=hz)
+    b.lane_prologue(fz, cix, lanes)
+    h = np.zeros(max(rhs.kernel.n_hoist, 1))
+    ref = np.full(u.size, np.nan)
+    run_tapes(run_tape, rhs.kernel.tapes, u, f, on.p, 0.0, h, cix, ref, lanes)
+    got = np.full(u.size, np.nan)
+    b.rhs(u, fz, cix, lanes, got)
+    assert np.all(np.isfinite(ref)) and np.array_equal(got, ref)
+    plan = on.plan
+    ft = jac.direct_tape(plan)
+    W, P, C = plan.tile_width(lanes), int(plan.info["slots_per_lane"]), plan.capacity(lanes)
+    jref = np.full(P * C, np.nan)
+    hj = np.zeros(max(jac.kernel.n_hoist, 1))
+    run_tapes(run_tape, (ft.prologue, ft.body), u, f, on.p, 0.0, hj, cix, jref, lanes, W, P, C, ft.zero_slots)
+    jgot = np.full(P * C, np.nan)
+    b.jac(u, fz, cix, lanes, jgot)
+    assert np.all(np.isfinite(jref)) and np.array_equal(jgot, jref)
 
 
 def test_a_tape_without_state_independent_values_is_not_split(leaves):

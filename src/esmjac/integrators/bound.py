@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..compile.codegen import tile_scratch
-from ..compile.engine import FusedTape, run_tapes
+from ..compile.engine import NO_SLOTS, run_tapes
 from .lanehoist import LaneSplit, split
+from .lanetape import run_fused
 from ..compile.tape import run_tape
 from ..compile.twins import serial_twin
 from ..runtime import kernels as K
@@ -124,27 +125,33 @@ class BoundPrograms:
         rpro = rhs.kernel.tapes[0]
         hr = np.zeros(max(rhs.kernel.n_hoist, 1))
         hj = np.zeros(max(jac.kernel.n_hoist, 1))
-        rt = (rpro, hz.rhs.body)
+        rf = hz.rhs.fused
 
         def r(u, fz, cix, m, out):
-            run_tapes(run, rt, u, fz, p, t, hr, cix, out, m)
+            run(rpro.code, rpro.consts, u, fz, p, t, hr, cix, hr, 1, rpro.nreg, 0, 0, 1, NO_SLOTS)
+            run_fused(rf.code, rf.consts, u, fz, p, t, hr, cix, out, m, rf.nreg, 0, 0, m, NO_SLOTS)
         self.rhs = r
+        jf = hz.jac.fused
         if _direct(plan):
             ft = jac.direct_tape(plan)
-            jpro = ft.prologue
-            self.jac = FusedTape(jpro, hz.jac.body, ft.zero_slots).bind_lanes(
-                p, t, hj, int(plan.info["slots_per_lane"]), plan.tile_width, plan.capacity)
+            jpro, zs = ft.prologue, ft.zero_slots
+            P, tile_width, cap = int(plan.info["slots_per_lane"]), plan.tile_width, plan.capacity
+
+            def j(u, fz, cix, m, out):
+                run(jpro.code, jpro.consts, u, fz, p, t, hj, cix, hj, 1, jpro.nreg, 0, 0, 1, NO_SLOTS)
+                run_fused(jf.code, jf.consts, u, fz, p, t, hj, cix, out, m, jf.nreg, tile_width(m), P, cap(m),
+                          zs)
         else:
             jpro = jac.kernel.tapes[0]
-            jt = (jpro, hz.jac.body)
             slabs = [np.zeros(max(jac.n_fields * capacity, 1))]
 
             def j(u, fz, cix, m, out):
                 if slabs[0].size < jac.n_fields * m:
                     slabs[0] = np.zeros(jac.n_fields * m)
-                run_tapes(run, jt, u, fz, p, t, hj, cix, slabs[0], m)
+                run(jpro.code, jpro.consts, u, fz, p, t, hj, cix, hj, 1, jpro.nreg, 0, 0, 1, NO_SLOTS)
+                run_fused(jf.code, jf.consts, u, fz, p, t, hj, cix, slabs[0], m, jf.nreg, 0, 0, m, NO_SLOTS)
                 K.scatter(plan, slabs[0], m, out)
-            self.jac = j
+        self.jac = j
         parts = [(pro, cut.prologue, h) for cut, pro, h in ((hz.rhs, rpro, hr), (hz.jac, jpro, hj))
                  if cut.prologue is not None]
 

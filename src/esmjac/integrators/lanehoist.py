@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..compile.ssa import Block
 from ..compile.tape import OPS, Tape, encode
+from .lanetape import encode_fused
 
 __all__ = ["LaneSplit", "split"]
 
@@ -44,6 +45,7 @@ class LaneSplit:
     body: Tape
     row0: int
     rows: int
+    fused: Tape | None = None       # ``body`` with fused operands (integrators.lanetape)
 
 
 def _ssa(tape: Tape) -> tuple:
@@ -109,7 +111,9 @@ def split(tape: Tape, row0: int) -> LaneSplit:
     for v, _ in stores:
         mark(v)
     if not frontier:
-        return LaneSplit(None, tape, int(row0), 0)
+        blk = Block()
+        blk.ins.extend(ins)
+        return LaneSplit(None, tape, int(row0), 0, encode_fused(blk, stores))
     # the body: frontier values become row reads, everything they alone
     # needed drops out (encode keeps only what the stores need)
     body = Block()
@@ -121,5 +125,5 @@ def split(tape: Tape, row0: int) -> LaneSplit:
     pro = Block()
     pro.ins.extend(ins)
     return LaneSplit(encode(pro, [(v, int(row0) + k) for v, k in frontier.items()]),
-                     encode(body, stores), int(row0), len(frontier))
+                     encode(body, stores), int(row0), len(frontier), encode_fused(body, stores))
 

@@ -1,0 +1,368 @@
+"""The leaf's body tapes with fused operands: arithmetic that reads a state or
+field row straight from the lane arrays instead of copying it into a
+register first.
+
+After lane hoisting (:mod:`esmjac.integrators.lanehoist`) a mass-action
+body is mostly ``k·A·B`` products and their sums: on the plain tape
+(:mod:`esmjac.compile.tape`) each operand ``A``, ``B``, ``k`` is a load
+instruction — a copy of the lane row into a register — before the multiply,
+so about half of the instructions move data and every instruction pays the
+interpreter's dispatch. :func:`encode_fused` encodes a body so that ``+``,
+``-``, ``*`` and ``/`` take either operand from a register, a state row
+(``u``) or a field row (``f``); a load survives only where another kind of
+instruction (a power, a function, a store) reads the value.
+:func:`run_fused` runs such a tape on one thread. Each lane sees the same
+operations on the same operands as on the plain tape, so the bits are
+those of :func:`esmjac.compile.tape.run_tape`.
+
+Lanes: arithmetic runs over the ``L`` real lanes only; a tiled store also
+fills the padding lanes ``L..C-1`` of the last tile with lane ``L-1``'s
+value (what the plain tape computes there: its reads clamp to lane
+``L-1``).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..compile.ssa import Block
+from ..compile.tape import CHUNK, OPS, Tape
+
+__all__ = ["encode_fused", "run_fused", "FUSED_BASE"]
+
+_OPC = {o: i for i, o in enumerate(OPS)}
+#: Fused arithmetic: opcode FUSED_BASE + 9*k + 3*ka + kb, k the operation
+#: (+, -, *, /), ka/kb each operand's source (0 register, 1 state row, 2
+#: field row; not both registers: that is the plain instruction).
+FUSED_BASE = 100
+_ARITH = {"+": 0, "-": 1, "*": 2, "/": 3}
+
+
+def _operands(op: str, args: tuple) -> tuple:
+    if op in ("const", "hoist", "param", "time", "idx", "lane"):
+        return ()
+    return tuple(args)
+
+
+def encode_fused(blk: Block, stores: list) -> Tape:
+    """The fused tape of ``blk`` storing values ``stores`` ((value, target),
+    …); see the module docstring. Register allocation as
+    :func:`esmjac.compile.tape.encode` (a register is reused after its
+    value's last use)."""
+    ins = blk.ins
+
+    def src(v):
+        """(kind, row) when value ``v`` can be read from a lane row."""
+        op, args = ins[v]
+        if op == "lane":
+            return (1 if args[0] == "u" else 2), int(args[1])
+        return None
+
+    def reads(v):
+        """The values instruction ``v`` reads from registers."""
+        op, args = ins[v]
+        if op in _ARITH:
+            return tuple(a for a in args if src(a) is None)
+        return _operands(op, args)
+
+    need = [False] * len(ins)
+    stack = [v for v, _ in stores]
+    while stack:
+        v = stack.pop()
+        if need[v]:
+            continue
+        need[v] = True
+        op, args = ins[v]
+        stack.extend(_operands(op, args))      # every operand's value is computed (rows are free)
+    # a lane leaf read only through fused operands needs no register
+    regd = [False] * len(ins)
+    for v, _ in stores:
+        regd[v] = True
+    for v in range(len(ins)):
+        if need[v]:
+            for a in reads(v):
+                regd[a] = True
+    for v, (op, _) in enumerate(ins):
+        if need[v] and op != "lane":
+            regd[v] = True
+    last: dict = {}
+    for v in range(len(ins)):
+        if regd[v]:
+            for a in reads(v):
+                last[a] = v
+    store_at: dict = {}
+    for v, tgt in stores:
+        store_at.setdefault(v, []).append(tgt)
+    consts: list = []
+    cpos: dict = {}
+    reg: dict = {}
+    free: list = []
+    nreg = 0
+    rows: list = []
+    for v, (op, args) in enumerate(ins):
+        if not regd[v]:
+            continue
+        rd = reads(v)
+        for a in set(rd):
+            if last.get(a) == v:
+                free.append(reg[a])
+        if free:
+            d = free.pop()
+        else:
+            d = nreg
+            nreg += 1
+        reg[v] = d
+        if op in _ARITH and len(rd) < 2:
+            kinds, opnd = [], []
+            for a in args:
+                s = src(a)
+                kinds.append(0 if s is None else s[0])
+                opnd.append(reg[a] if s is None else s[1])
+            rows.append((FUSED_BASE + 9 * _ARITH[op] + 3 * kinds[0] + kinds[1], d, opnd[0], opnd[1], -1))
+        else:
+            rows.append(_plain_row(op, args, d, [reg[a] for a in rd], consts, cpos))
+        for tgt in store_at.get(v, ()):
+            rows.append((_OPC["store"], d, tgt, -1, -1))
+        if v not in last:
+            free.append(d)
+    code = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    return Tape(code, np.array(consts or [0.0], dtype=np.float64), max(nreg, 1))
+
+
+def _plain_row(op, args, d, srcs, consts, cpos) -> tuple:
+    if op == "const":
+        x = float(args[0])
+        k = cpos.get(x)
+        if k is None:
+            k = cpos[x] = len(consts)
+            consts.append(x)
+        return (_OPC["const"], d, k, -1, -1)
+    if op in ("hoist", "param", "idx"):
+        return (_OPC[op], d, int(args[0]), -1, -1)
+    if op == "time":
+        return (_OPC["time"], d, -1, -1, -1)
+    if op == "lane":
+        return (_OPC["lane_u" if args[0] == "u" else "lane_f"], d, int(args[1]), -1, -1)
+    s = list(srcs) + [-1, -1, -1]
+    return (_OPC[op], d, s[0], s[1], s[2])
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _row(R, u, f, kind, a, l0, L):
+    if kind == 0:
+        return R[a]
+    if kind == 1:
+        return u[a * L + l0:]
+    return f[a * L + l0:]
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy")
+def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
+    """Execute a fused tape (:func:`encode_fused`) for lanes ``0..C-1`` on one
+    thread; arguments as :func:`esmjac.compile.tape.run_tape` (``h`` holds
+    the prologue's values: run the prologue tape first). The number of
+    non-finite values stored."""
+    nbad = 0
+    R = np.empty((nreg, min(CHUNK, max(L, 1))), dtype=np.float64)
+    pos = np.empty(CHUNK + W + 1, dtype=np.int64)
+    nz = zslots.shape[0]
+    for l0 in range(0, L, CHUNK):
+        m = min(L, l0 + CHUNK) - l0             # real lanes: the arithmetic
+        ms = (C - l0) if l0 + CHUNK >= L else m  # stored lanes: the last chunk pads to C
+        if W > 0:
+            for j in range(ms):
+                ll = l0 + j
+                pos[j] = (ll // W) * P * W + ll % W
+            if nz > 0:                          # runs of zero slots: one block per tile
+                for tt in range(l0 // W, (l0 + ms - 1) // W + 1):
+                    a0 = max(l0, tt * W) - tt * W
+                    a1 = min(l0 + ms, (tt + 1) * W) - tt * W
+                    base = tt * P * W
+                    z = 0
+                    while z < nz:
+                        s0 = zslots[z]
+                        s1 = s0 + 1
+                        z += 1
+                        while z < nz and zslots[z] == s1:
+                            s1 += 1
+                            z += 1
+                        if a0 == 0 and a1 == W:
+                            zb = base + s0 * W
+                            for k in range((s1 - s0) * W):
+                                out[zb + k] = 0.0
+                        else:
+                            for s in range(s0, s1):
+                                zb = base + s * W + a0
+                                for k in range(a1 - a0):
+                                    out[zb + k] = 0.0
+        for i in range(code.shape[0]):
+            o = code[i, 0]
+            d = code[i, 1]
+            a = code[i, 2]
+            b = code[i, 3]
+            c = code[i, 4]
+            if o >= 100:
+                q = o - 100
+                k = q // 9
+                x = _row(R, u, f, (q % 9) // 3, a, l0, L)
+                y = _row(R, u, f, q % 3, b, l0, L)
+                rd = R[d]
+                if k == 2:
+                    for j in range(m):
+                        rd[j] = x[j] * y[j]
+                elif k == 0:
+                    for j in range(m):
+                        rd[j] = x[j] + y[j]
+                elif k == 1:
+                    for j in range(m):
+                        rd[j] = x[j] - y[j]
+                else:
+                    for j in range(m):
+                        rd[j] = x[j] / y[j]
+            elif o == 11:
+                for j in range(m):
+                    R[d, j] = R[a, j] * R[b, j]
+            elif o == 9:
+                for j in range(m):
+                    R[d, j] = R[a, j] + R[b, j]
+            elif o == 10:
+                for j in range(m):
+                    R[d, j] = R[a, j] - R[b, j]
+            elif o == 7:
+                if W == 0:
+                    for j in range(m):
+                        out[a * L + l0 + j] = R[d, j]
+                    for j in range(m, ms):
+                        out[a * L + l0 + j] = R[d, m - 1]
+                else:
+                    aw = a * W
+                    for j in range(m):
+                        out[pos[j] + aw] = R[d, j]
+                    for j in range(m, ms):
+                        out[pos[j] + aw] = R[d, m - 1]
+                for j in range(m):
+                    x = R[d, j]
+                    if x - x != 0.0:
+                        nbad += 1
+                if ms > m:
+                    x = R[d, m - 1]
+                    if x - x != 0.0:
+                        nbad += ms - m
+            elif o == 14:
+                for j in range(m):
+                    R[d, j] = -R[a, j]
+            elif o == 0:
+                x = consts[a]
+                for j in range(m):
+                    R[d, j] = x
+            elif o == 1:
+                x = h[a]
+                for j in range(m):
+                    R[d, j] = x
+            elif o == 2:
+                x = p[a]
+                for j in range(m):
+                    R[d, j] = x
+            elif o == 3:
+                for j in range(m):
+                    R[d, j] = t
+            elif o == 4:
+                for j in range(m):
+                    R[d, j] = cix[a * L + l0 + j]
+            elif o == 5:
+                for j in range(m):
+                    R[d, j] = u[a * L + l0 + j]
+            elif o == 6:
+                for j in range(m):
+                    R[d, j] = f[a * L + l0 + j]
+            elif o == 12:
+                for j in range(m):
+                    R[d, j] = R[a, j] / R[b, j]
+            elif o == 13:
+                for j in range(m):
+                    R[d, j] = R[a, j] ** R[b, j]
+            elif o == 15:
+                for j in range(m):
+                    R[d, j] = R[b, j] if R[a, j] != 0.0 else R[c, j]
+            elif o <= 21:
+                for j in range(m):
+                    x = R[a, j]
+                    y = R[b, j]
+                    if o == 16:
+                        r = x < y
+                    elif o == 17:
+                        r = x <= y
+                    elif o == 18:
+                        r = x > y
+                    elif o == 19:
+                        r = x >= y
+                    elif o == 20:
+                        r = x == y
+                    else:
+                        r = x != y
+                    R[d, j] = 1.0 if r else 0.0
+            elif o == 22:
+                for j in range(m):
+                    R[d, j] = 1.0 if (R[a, j] != 0.0 and R[b, j] != 0.0) else 0.0
+            elif o == 23:
+                for j in range(m):
+                    R[d, j] = 1.0 if (R[a, j] != 0.0 or R[b, j] != 0.0) else 0.0
+            elif o == 24:
+                for j in range(m):
+                    R[d, j] = 0.0 if R[a, j] != 0.0 else 1.0
+            elif o == 25:
+                for j in range(m):
+                    R[d, j] = min(R[a, j], R[b, j])
+            elif o == 26:
+                for j in range(m):
+                    R[d, j] = max(R[a, j], R[b, j])
+            elif o == 44:
+                for j in range(m):
+                    R[d, j] = np.arctan2(R[a, j], R[b, j])
+            else:
+                for j in range(m):
+                    R[d, j] = _unary(o, R[a, j])
+    return nbad
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _unary(o, x):
+    if o == 27:
+        return np.exp(x)
+    if o == 28:
+        return np.log(x)
+    if o == 29:
+        return np.log10(x)
+    if o == 30:
+        return np.sqrt(x)
+    if o == 31:
+        return np.sin(x)
+    if o == 32:
+        return np.cos(x)
+    if o == 33:
+        return np.tan(x)
+    if o == 34:
+        return np.arcsin(x)
+    if o == 35:
+        return np.arccos(x)
+    if o == 36:
+        return np.arctan(x)
+    if o == 37:
+        return np.sinh(x)
+    if o == 38:
+        return np.cosh(x)
+    if o == 39:
+        return np.tanh(x)
+    if o == 40:
+        return abs(x)
+    if o == 41:
+        return 1.0 if x > 0.0 else (-1.0 if x < 0.0 else 0.0)
+    if o == 42:
+        return np.floor(x)
+    if o == 43:
+        return np.ceil(x)
+    if o == 45:
+        return np.arcsinh(x)
+    if o == 46:
+        return np.arccosh(x)
+    return np.arctanh(x)
