@@ -95,7 +95,11 @@ def test_tape_engine_jacobian_stored_straight_into_tiles(doc8):
     u, fj = _grid(lf, L, 6)
     st = lf._scratch_for(L, 1)[1][0]
     out = np.full(st.J.size, np.nan)
-    st.jac(u, fj, st.cix, L, out)
+    fz = np.zeros(st.nf * L)            # the fields, then the rows the leaf hoists (hoist_rates)
+    fz[:st.nfu * L] = fj
+    if st.lane_prologue is not None:
+        st.lane_prologue(fz, st.cix, L)
+    st.jac(u, fz, st.cix, L, out)
     ws = lf.jac_program.new_workspace(L, keep_slab=True)
     ref = np.full(lf.plan.out_size(L), np.nan)
     lf.jac_program.eval_into(lf.plan, u, lf.p, 0.0, fj, ref, ws)
