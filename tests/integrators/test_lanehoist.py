@@ -89,6 +89,8 @@ def test_fused_operand_tapes_compute_the_plain_bits(leaves, lanes):
     nops = hz.rhs.fused.code.shape[0] + hz.jac.fused.code.shape[0]
     assert np.any(hz.rhs.fused.code[:, 0] >= FUSED_BASE)
     assert nops < hz.rhs.body.code.shape[0] + hz.jac.body.code.shape[0]     # loads fused away
+    # the register-frugal schedule needs no more registers than SSA order
+    assert hz.rhs.fused.nreg <= hz.rhs.body.nreg and hz.jac.fused.nreg <= hz.jac.body.nreg
     rhs, jac = on.rhs_program, on.jac_program
     doc = lift(json.loads(TROPO12.read_text()), lanes)
     lf = _leaf(doc)

@@ -102,7 +102,9 @@ def encode_fused(blk: Block, stores: list) -> Tape:
     for v, (op, _) in enumerate(ins):
         if need[v] and op not in ("lane", "const"):
             regd[v] = True
-    order = _schedule(ins, stores, regd, reads)
+    # two schedules, the one needing fewer registers kept
+    order = min((_schedule(ins, stores, regd, reads, terms) for terms in (False, True)),
+                key=lambda o: _registers(o, reads))
     last: dict = {}
     for v in order:
         for a in reads(v):
@@ -150,7 +152,74 @@ def encode_fused(blk: Block, stores: list) -> Tape:
     return Tape(code, np.array(consts or [0.0], dtype=np.float64), max(nreg, 1))
 
 
-def _schedule(ins, stores, regd, reads) -> list:
+def _registers(order, reads) -> int:
+    """Registers the linear-scan allocation of ``order`` needs (its peak of
+    live values)."""
+    last: dict = {}
+    for v in order:
+        for a in reads(v):
+            last[a] = v
+    live = peak = 0
+    for v in order:
+        live += 1
+        peak = max(peak, live)
+        live -= sum(1 for a in set(reads(v)) if last.get(a) == v)
+        if v not in last:
+            live -= 1
+    return peak
+
+
+def _term_order(live, ops, ins) -> list:
+    """Terms of the sums (``+``/``-`` chains: the operands that are not a
+    chain's own partial sum) in an order every chain agrees with (Kahn's
+    algorithm over consecutive terms of each chain, SSA order on ties;
+    where chains disagree, the rest in SSA order): a mechanism's sums list
+    their reactions in one order, so computing terms in it lets every sum
+    take each term as soon as it exists."""
+    import heapq
+
+    chain = {v for v in live if ins[v][0] in ("+", "-") and len(ops[v]) == 2}
+    seqs = []
+    used_as_acc = {ops[v][0] for v in chain if ops[v][0] in chain}
+    for v in chain:
+        if v in used_as_acc:
+            continue                                    # not a chain's end
+        seq = []
+        c = v
+        while c in chain:
+            a, b = ops[c]
+            seq.append(b)
+            if a not in chain:
+                seq.append(a)
+                break
+            c = a
+        seqs.append(seq[::-1])
+    succ: dict = {}
+    indeg: dict = {}
+    for seq in seqs:
+        for t in seq:
+            indeg.setdefault(t, 0)
+        for a, b in zip(seq, seq[1:]):
+            if b not in succ.setdefault(a, set()):
+                succ[a].add(b)
+                indeg[b] += 1
+    heap = [t for t, k in indeg.items() if k == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        t = heapq.heappop(heap)
+        out.append(t)
+        for b in succ.get(t, ()):
+            indeg[b] -= 1
+            if indeg[b] == 0:
+                heapq.heappush(heap, b)
+    if len(out) < len(indeg):                           # chains disagree somewhere
+        seen = set(out)
+        out.extend(sorted(t for t in indeg if t not in seen))
+    return out
+
+
+def _schedule(ins, stores, regd, reads, terms: bool = False) -> list:
     """A topological order of the register instructions that keeps few
     values live (any topological order computes the same values, so the
     same bits). The SSA order computes a mechanism's terms species by
@@ -224,11 +293,18 @@ def _schedule(ins, stores, regd, reads) -> list:
     for v in live:
         if pending[v] == 0:
             ready(v)
+    tord = _term_order(live, ops, ins) if terms else []
+    ti = 0
     while len(order) < len(live):
         while frees_h:
             v = heapq.heappop(frees_h)
             if not done[v] and pending[v] == 0:
                 emit(v)
+        while ti < len(tord) and done[tord[ti]]:
+            ti += 1
+        if ti < len(tord):
+            subtree(tord[ti])
+            continue
         while want_h:
             w, v = heapq.heappop(want_h)
             if not done[v] and -w == want[v]:
@@ -284,6 +360,7 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
     for l0 in range(0, L, CHUNK):
         m = min(L, l0 + CHUNK) - l0             # real lanes: the arithmetic
         ms = (C - l0) if l0 + CHUNK >= L else m  # stored lanes: the last chunk pads to C
+        whole = W > 0 and l0 % W == 0 and ms % W == 0
         if W > 0:
             for j in range(ms):
                 ll = l0 + j
@@ -384,6 +461,17 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
                         out[a * L + l0 + j] = R[d, j]
                     for j in range(m, ms):
                         out[a * L + l0 + j] = R[d, m - 1]
+                elif whole:                    # tile by tile: W contiguous lanes per store
+                    rr = R[d]
+                    for tt in range(ms // W):
+                        ob = ((l0 // W + tt) * P + a) * W
+                        jb = tt * W
+                        if jb + W <= m:
+                            for k in range(W):
+                                out[ob + k] = rr[jb + k]
+                        else:
+                            for k in range(W):
+                                out[ob + k] = rr[min(jb + k, m - 1)]
                 else:
                     aw = a * W
                     for j in range(m):
