@@ -472,7 +472,7 @@ def main(argv=None):
     ap.add_argument("--ref-cells", type=int, default=4)
     ap.add_argument("--cvode-cells", type=int, default=64)
     ap.add_argument("--no-trace", action="store_true")
-    ap.add_argument("--routes", default="hoisted,hoisted-mixed,hoisted-oldblock,published",
+    ap.add_argument("--routes", default="published,published-mixed,published-nohoist",
                     help="comma list of " + ", ".join(ROUTES))
     ap.add_argument("--trace-max", type=int, default=10000, help="time the parts up to this many cells")
     ap.add_argument("--ref-cache", default=os.path.join(os.environ.get("ESMJAC_CACHE_DIR", "/tmp"), "bench-ref"))
@@ -504,6 +504,14 @@ def main(argv=None):
         for r, fin, atol in finals:
             r["err_vs_bdf"] = rel_err(fin.reshape(-1, L)[:, idx], yref, atol)
             print(f"{r['route']} @ {L}: max rel err vs BDF {r['err_vs_bdf']:.3g}", file=sys.stderr, flush=True)
+        byroute = dict(zip(a.routes.split(","), finals))
+        if "published" in byroute and "published-nohoist" in byroute:
+            # the leaf's own rate hoisting computes the same bits as no hoisting
+            same = bool(np.array_equal(byroute["published"][1], byroute["published-nohoist"][1]))
+            out[f"hoist_rates_bitwise_equal_{L}"] = same
+            print(f"hoist_rates on/off bitwise equal @ {L}: {same}", file=sys.stderr, flush=True)
+            if not same:
+                out.setdefault("errors", []).append({"route": "published", "error": "hoist_rates changed the bits"})
         hz = [o for o in out["routes"] if o.get("n_rate_fields") and o["cells"] == L]
         if hz and "published" in a.routes.split(","):
             # the split model is the published one: right-hand sides agree on fresh cells

@@ -18,7 +18,10 @@ from scipy.integrate import solve_ivp
 from esmjac.adapters.native import rosenbrock
 from esmjac.compile.engine import run_tapes
 from esmjac.integrators.lanehoist import split
-from esmjac.integrators.lanetape import FUSED_BASE
+from esmjac.compile.engine import NO_SLOTS
+from esmjac.compile.ssa import Block
+from esmjac.integrators.lanehoist import _ssa
+from esmjac.integrators.lanetape import FUSED_BASE, encode_fused, run_fused
 from esmjac.compile.tape import OPS, run_tape
 from esmjac.errors import JacError
 from esmjac.integrators.bound import BoundPrograms, lane_hoist
@@ -79,18 +82,17 @@ def test_the_split_tapes_compute_the_unsplit_bits(leaves):
 
 
 @pytest.mark.parametrize("lanes", [13, 16])
-def test_fused_operand_tapes_compute_the_plain_bits(leaves, lanes):
-    # the leaf runs the cut bodies with fused operands (integrators.lanetape);
-    # oracle: the programs' own unsplit tapes, right-hand side (lanes-fastest)
+def test_scheduled_and_fused_tapes_compute_the_plain_bits(leaves, lanes):
+    # the leaf runs the cut bodies re-scheduled on integrators.lanetape's
+    # interpreter; oracle: the programs' own unsplit tapes, right-hand side (lanes-fastest)
     # and Jacobian (tile slots, zeroed fill-in, padding lanes past the last
     # real one: 13 lanes fill 16), on fresh states and fields
     on, _ = leaves
     hz = lane_hoist(on, on.plan)
-    nops = hz.rhs.fused.code.shape[0] + hz.jac.fused.code.shape[0]
-    assert np.any(hz.rhs.fused.code[:, 0] >= FUSED_BASE)
-    assert nops < hz.rhs.body.code.shape[0] + hz.jac.body.code.shape[0]     # loads fused away
-    # the register-frugal schedule needs no more registers than SSA order
-    assert hz.rhs.fused.nreg <= hz.rhs.body.nreg and hz.jac.fused.nreg <= hz.jac.body.nreg
+    # the leaf runs the cut bodies re-scheduled for few registers (the same
+    # instructions in another topological order)
+    for cut in (hz.rhs, hz.jac):
+        assert cut.scheduled.code.shape == cut.body.code.shape and cut.scheduled.nreg <= cut.body.nreg
     rhs, jac = on.rhs_program, on.jac_program
     doc = lift(json.loads(TROPO12.read_text()), lanes)
     lf = _leaf(doc)
@@ -117,6 +119,15 @@ def test_fused_operand_tapes_compute_the_plain_bits(leaves, lanes):
     jgot = np.full(P * C, np.nan)
     b.jac(u, fz, cix, lanes, jgot)
     assert np.all(np.isfinite(jref)) and np.array_equal(jgot, jref)
+    # fused operands (rows and constants read in place; not the leaf's default)
+    ins, stores = _ssa(hz.rhs.body)
+    blk = Block()
+    blk.ins.extend(ins)
+    ft_ = encode_fused(blk, stores)
+    assert np.any(ft_.code[:, 0] >= FUSED_BASE) and ft_.code.shape[0] < hz.rhs.body.code.shape[0]
+    got2 = np.full(u.size, np.nan)
+    run_fused(ft_.code, ft_.consts, u, fz, on.p, 0.0, h, cix, got2, lanes, ft_.nreg, 0, 0, lanes, NO_SLOTS)
+    assert np.array_equal(got2, ref)
 
 
 def test_a_tape_without_state_independent_values_is_not_split(leaves):

@@ -125,13 +125,13 @@ class BoundPrograms:
         rpro = rhs.kernel.tapes[0]
         hr = np.zeros(max(rhs.kernel.n_hoist, 1))
         hj = np.zeros(max(jac.kernel.n_hoist, 1))
-        rf = hz.rhs.fused
+        rf = hz.rhs.scheduled
 
         def r(u, fz, cix, m, out):
             run(rpro.code, rpro.consts, u, fz, p, t, hr, cix, hr, 1, rpro.nreg, 0, 0, 1, NO_SLOTS)
             run_fused(rf.code, rf.consts, u, fz, p, t, hr, cix, out, m, rf.nreg, 0, 0, m, NO_SLOTS)
         self.rhs = r
-        jf = hz.jac.fused
+        jf = hz.jac.scheduled
         if _direct(plan):
             ft = jac.direct_tape(plan)
             jpro, zs = ft.prologue, ft.zero_slots

@@ -45,7 +45,7 @@ class LaneSplit:
     body: Tape
     row0: int
     rows: int
-    fused: Tape | None = None       # ``body`` with fused operands (integrators.lanetape)
+    scheduled: Tape | None = None   # ``body`` re-scheduled for few registers (integrators.lanetape)
 
 
 def _ssa(tape: Tape) -> tuple:
@@ -113,7 +113,7 @@ def split(tape: Tape, row0: int) -> LaneSplit:
     if not frontier:
         blk = Block()
         blk.ins.extend(ins)
-        return LaneSplit(None, tape, int(row0), 0, encode_fused(blk, stores))
+        return LaneSplit(None, tape, int(row0), 0, encode_fused(blk, stores, fuse=False))
     # the body: frontier values become row reads, everything they alone
     # needed drops out (encode keeps only what the stores need)
     body = Block()
@@ -125,5 +125,5 @@ def split(tape: Tape, row0: int) -> LaneSplit:
     pro = Block()
     pro.ins.extend(ins)
     return LaneSplit(encode(pro, [(v, int(row0) + k) for v, k in frontier.items()]),
-                     encode(body, stores), int(row0), len(frontier), encode_fused(body, stores))
+                     encode(body, stores), int(row0), len(frontier), encode_fused(body, stores, fuse=False))
 

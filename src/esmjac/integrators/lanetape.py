@@ -1,6 +1,16 @@
-"""The leaf's body tapes with fused operands: arithmetic that reads a state or
-field row straight from the lane arrays instead of copying it into a
-register first.
+"""The leaf's body tapes: re-scheduled for few live registers, optionally with
+fused operands (arithmetic that reads a state or field row, or a constant,
+in place instead of a copy in a register), and the one-thread interpreter
+that runs them.
+
+What the leaf uses (measured on GEOS-Chem fullchem, 64 lanes, load 12–15,
+``benchmarks/RESULTS.md``): the plain instructions in the register-frugal
+order (:func:`encode_fused` with ``fuse=False``) on :func:`run_fused`,
+whose registers are rows of the call's own lane count, not of
+``tape.CHUNK`` (0.5 MB instead of 3.3 MB of registers for the RHS): the RHS
+6.4 µs per lane per call against 9.1 on ``run_tape``'s serial twin. Fused
+operands cut the instructions by 20 % but measured 10–25 % slower than the
+plain instructions on the same interpreter, so they are not the default.
 
 After lane hoisting (:mod:`esmjac.integrators.lanehoist`) a mass-action
 body is mostly ``k·A·B`` products and their sums: on the plain tape
@@ -48,7 +58,7 @@ def _operands(op: str, args: tuple) -> tuple:
     return tuple(args)
 
 
-def encode_fused(blk: Block, stores: list) -> Tape:
+def encode_fused(blk: Block, stores: list, fuse: bool = True) -> Tape:
     """The fused tape of ``blk`` storing values ``stores`` ((value, target),
     …); see the module docstring. Register allocation as
     :func:`esmjac.compile.tape.encode` (a register is reused after its
@@ -69,6 +79,8 @@ def encode_fused(blk: Block, stores: list) -> Tape:
         """(kind, index) when value ``v`` is read in place: a state or field
         row, or a constant."""
         op, args = ins[v]
+        if not fuse:
+            return None
         if op == "lane":
             return (1 if args[0] == "u" else 2), int(args[1])
         if op == "const":
@@ -339,12 +351,44 @@ def _plain_row(op, args, d, srcs, const_index) -> tuple:
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _row(R, u, f, kind, a, l0, L):
-    if kind == 0:
-        return R[a]
-    if kind == 1:
-        return u[a * L + l0:]
-    return f[a * L + l0:]
+def _bin(k, x, xo, y, yo, r, ro, m):
+    """r[ro + j] = x[xo + j] (op k) y[yo + j], j < m (k: + - * /)."""
+    if k == 2:
+        for j in range(m):
+            r[ro + j] = x[xo + j] * y[yo + j]
+    elif k == 0:
+        for j in range(m):
+            r[ro + j] = x[xo + j] + y[yo + j]
+    elif k == 1:
+        for j in range(m):
+            r[ro + j] = x[xo + j] - y[yo + j]
+    else:
+        for j in range(m):
+            r[ro + j] = x[xo + j] / y[yo + j]
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _bin_s(k, x, xo, c, r, ro, m, rev):
+    """r[ro + j] = x[xo + j] (op k) c, or c (op k) x[xo + j] when ``rev``."""
+    if k == 2:
+        for j in range(m):
+            r[ro + j] = x[xo + j] * c      # (multiplication commutes bitwise)
+    elif k == 0:
+        for j in range(m):
+            r[ro + j] = x[xo + j] + c
+    elif rev:
+        if k == 1:
+            for j in range(m):
+                r[ro + j] = c - x[xo + j]
+        else:
+            for j in range(m):
+                r[ro + j] = c / x[xo + j]
+    elif k == 1:
+        for j in range(m):
+            r[ro + j] = x[xo + j] - c
+    else:
+        for j in range(m):
+            r[ro + j] = x[xo + j] / c
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
@@ -354,7 +398,9 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
     the prologue's values: run the prologue tape first). The number of
     non-finite values stored."""
     nbad = 0
-    R = np.empty((nreg, min(CHUNK, max(L, 1))), dtype=np.float64)
+    CW = min(CHUNK, max(L, 1))                  # register row: the chunk's lanes
+    R = np.empty((nreg, CW), dtype=np.float64)
+    Rf = R.reshape(-1)                          # the same registers, flat (fused operands)
     pos = np.empty(CHUNK + W + 1, dtype=np.int64)
     nz = zslots.shape[0]
     for l0 in range(0, L, CHUNK):
@@ -396,56 +442,45 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
             if o >= 200:                       # one operand a constant
                 q = o - 200
                 k = q // 6
-                ka = (q % 6) // 3
-                rd = R[d]
-                if ka == 0:                    # (row or register) op constant
-                    x = _row(R, u, f, q % 3, a, l0, L)
+                kx = q % 3
+                if (q % 6) < 3:                # x op c: x is operand a
                     sc = consts[b]
-                    if k == 2:
-                        for j in range(m):
-                            rd[j] = x[j] * sc
-                    elif k == 0:
-                        for j in range(m):
-                            rd[j] = x[j] + sc
-                    elif k == 1:
-                        for j in range(m):
-                            rd[j] = x[j] - sc
+                    if kx == 0:
+                        _bin_s(k, Rf, a * CW, sc, Rf, d * CW, m, False)
+                    elif kx == 1:
+                        _bin_s(k, u, a * L + l0, sc, Rf, d * CW, m, False)
                     else:
-                        for j in range(m):
-                            rd[j] = x[j] / sc
-                else:                          # constant op (row or register)
+                        _bin_s(k, f, a * L + l0, sc, Rf, d * CW, m, False)
+                else:                          # c op y: y is operand b
                     sc = consts[a]
-                    y = _row(R, u, f, q % 3, b, l0, L)
-                    if k == 2:
-                        for j in range(m):
-                            rd[j] = sc * y[j]
-                    elif k == 0:
-                        for j in range(m):
-                            rd[j] = sc + y[j]
-                    elif k == 1:
-                        for j in range(m):
-                            rd[j] = sc - y[j]
+                    if kx == 0:
+                        _bin_s(k, Rf, b * CW, sc, Rf, d * CW, m, True)
+                    elif kx == 1:
+                        _bin_s(k, u, b * L + l0, sc, Rf, d * CW, m, True)
                     else:
-                        for j in range(m):
-                            rd[j] = sc / y[j]
+                        _bin_s(k, f, b * L + l0, sc, Rf, d * CW, m, True)
             elif o >= 100:
                 q = o - 100
                 k = q // 9
-                x = _row(R, u, f, (q % 9) // 3, a, l0, L)
-                y = _row(R, u, f, q % 3, b, l0, L)
-                rd = R[d]
-                if k == 2:
-                    for j in range(m):
-                        rd[j] = x[j] * y[j]
-                elif k == 0:
-                    for j in range(m):
-                        rd[j] = x[j] + y[j]
-                elif k == 1:
-                    for j in range(m):
-                        rd[j] = x[j] - y[j]
+                mode = q % 9
+                oa = a * CW if mode < 3 else a * L + l0
+                ob = b * CW if mode % 3 == 0 else b * L + l0
+                if mode == 1:
+                    _bin(k, Rf, oa, u, ob, Rf, d * CW, m)
+                elif mode == 2:
+                    _bin(k, Rf, oa, f, ob, Rf, d * CW, m)
+                elif mode == 3:
+                    _bin(k, u, oa, Rf, ob, Rf, d * CW, m)
+                elif mode == 4:
+                    _bin(k, u, oa, u, ob, Rf, d * CW, m)
+                elif mode == 5:
+                    _bin(k, u, oa, f, ob, Rf, d * CW, m)
+                elif mode == 6:
+                    _bin(k, f, oa, Rf, ob, Rf, d * CW, m)
+                elif mode == 7:
+                    _bin(k, f, oa, u, ob, Rf, d * CW, m)
                 else:
-                    for j in range(m):
-                        rd[j] = x[j] / y[j]
+                    _bin(k, f, oa, f, ob, Rf, d * CW, m)
             elif o == 11:
                 for j in range(m):
                     R[d, j] = R[a, j] * R[b, j]
@@ -462,16 +497,16 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
                     for j in range(m, ms):
                         out[a * L + l0 + j] = R[d, m - 1]
                 elif whole:                    # tile by tile: W contiguous lanes per store
-                    rr = R[d]
+                    rb = d * CW
                     for tt in range(ms // W):
                         ob = ((l0 // W + tt) * P + a) * W
                         jb = tt * W
                         if jb + W <= m:
                             for k in range(W):
-                                out[ob + k] = rr[jb + k]
+                                out[ob + k] = Rf[rb + jb + k]
                         else:
                             for k in range(W):
-                                out[ob + k] = rr[min(jb + k, m - 1)]
+                                out[ob + k] = Rf[rb + min(jb + k, m - 1)]
                 else:
                     aw = a * W
                     for j in range(m):
