@@ -6,6 +6,8 @@ called is the kernel's own (:meth:`esmjac.compile.engine.Kernel.bind_params`);
 what is decided here is the leaf's: which kernel, and the scratch."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..compile.codegen import tile_scratch
@@ -14,6 +16,7 @@ from .lanehoist import LaneSplit, split
 from .lanetape import run_fused
 from ..compile.tape import run_tape
 from ..compile.twins import serial_twin
+from ..errors import JacError
 from ..runtime import kernels as K
 
 __all__ = ["bind_kernel", "BoundPrograms", "LaneHoist", "lane_hoist"]
@@ -78,7 +81,7 @@ class BoundPrograms:
         rhs, jac = leaf.rhs_program, leaf.jac_program
         plan = leaf.plan if plan is None else plan
         self.hoist = hoist
-        self.lane_prologue = None
+        self.lane_prologue: Callable[[np.ndarray, np.ndarray, int], None] | None = None
         if hoist is not None:
             self._bind_hoisted(leaf, p, t, plan, hoist, capacity)
             return
@@ -125,13 +128,14 @@ class BoundPrograms:
         rpro = rhs.kernel.tapes[0]
         hr = np.zeros(max(rhs.kernel.n_hoist, 1))
         hj = np.zeros(max(jac.kernel.n_hoist, 1))
-        rf = hz.rhs.scheduled
+        rf, jf = hz.rhs.scheduled, hz.jac.scheduled
+        if rf is None or jf is None:
+            raise JacError("internal_error", "a hoisted leaf binding without its re-scheduled body tapes")
 
         def r(u, fz, cix, m, out):
             run(rpro.code, rpro.consts, u, fz, p, t, hr, cix, hr, 1, rpro.nreg, 0, 0, 1, NO_SLOTS)
             run_fused(rf.code, rf.consts, u, fz, p, t, hr, cix, out, m, rf.nreg, 0, 0, m, NO_SLOTS)
         self.rhs = r
-        jf = hz.jac.scheduled
         if _direct(plan):
             ft = jac.direct_tape(plan)
             jpro, zs = ft.prologue, ft.zero_slots
