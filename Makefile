@@ -50,7 +50,7 @@ test: lint
 lint: $(STAMP_TEST)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	$(VPY) -m mypy
 
 # The fast loop: no child processes, corpus, peers or docs build.
 check: $(STAMP_TEST)
