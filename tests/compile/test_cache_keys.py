@@ -145,3 +145,25 @@ def test_a_serial_twin_is_keyed_by_its_modules_sources(monkeypatch):
         return fh
     monkeypatch.setattr("builtins.open", edited)
     assert twins._sources_hash(run_tape.py_func.__module__) != h
+
+
+def test_the_tape_interpreters_live_in_the_kernel_cache():
+    """Both tape interpreters (parallel and serial) are compiled from
+    copies in the kernel cache, named by content, so Numba's cache of them
+    (keyed by the file's path and modification time) is the same for every
+    install of the same esmjac: the copies' files are under kernel_dir(),
+    and their source names no path of the installed package."""
+    import inspect
+
+    from esmjac.compile import cache, twins
+    from esmjac.compile.engine import _interpreter
+    from esmjac.compile.tape import run_tape
+
+    pkg = str(Path(cache.__file__).resolve().parent.parent)
+    for serial in (False, True):
+        fn = _interpreter(serial)
+        assert fn is (twins.serial_twin(run_tape) if serial else twins.parallel_copy(run_tape))
+        path = Path(inspect.getsourcefile(fn.py_func)).resolve()
+        assert path.parent == cache.kernel_dir().resolve() and path.name.startswith("k")
+        assert pkg not in path.read_text()
+        assert fn.targetoptions.get("parallel", False) is (not serial)

@@ -14,7 +14,7 @@ import pytest
 
 from esmjac.compile.tape import run_tape
 from esmjac.layouts import LaneSparseBlocks
-from esmjac.compile.twins import serial_twin
+from esmjac.compile.twins import parallel_copy, serial_twin
 from esmjac.runtime.programs import JacobianProgram, RhsProgram
 from tests.support.models import chem, chem_jacobian
 
@@ -23,7 +23,7 @@ OPTS = {"cache": False, "engine": "tape"}
 
 
 def _signatures() -> tuple:
-    return len(run_tape.signatures), len(serial_twin(run_tape).signatures)
+    return len(parallel_copy(run_tape).signatures), len(serial_twin(run_tape).signatures)
 
 
 def test_a_bound_rhs_first_call_compiles_nothing():

@@ -21,7 +21,7 @@ from ..model.expr import Node, iter_children
 from .cache import kernel_key, load_source, recover_numba_cache
 from .codegen import generate, tape_program, tile_scratch
 from .tape import OPS, retarget, run_tape
-from .twins import serial_driver, serial_twin
+from .twins import parallel_copy, serial_driver, serial_twin
 
 _R = TypeVar("_R")
 
@@ -38,12 +38,19 @@ NO_SLOTS.setflags(write=False)
 _PREFIX = {(False, False): "", (False, True): "s", (True, False): "fl", (True, True): "sfl"}
 
 
+def _interpreter(serial: bool):
+    """The tape interpreter to call: :func:`~esmjac.compile.tape.run_tape`'s
+    serial twin or its parallel copy, both compiled from the kernel cache
+    (compile/twins.py), so one Numba cache entry serves every install."""
+    return serial_twin(run_tape) if serial else parallel_copy(run_tape)
+
+
 def run_tapes(run, tapes: tuple, u, f, p, t: float, h, cix, out, lanes: int, tile: int = 0,
               slots_per_lane: int = 0, capacity: int = 0, zero_slots: np.ndarray = NO_SLOTS) -> int:
     """The prologue tape into ``h``, then the body tape over ``lanes`` lanes
     into ``out`` (``tile``/``slots_per_lane``/``capacity``/``zero_slots``: a
     tiled plan's direct slot stores; 0: lanes-fastest, capacity ``lanes``).
-    ``run`` is :func:`~esmjac.compile.tape.run_tape` or its serial twin.
+    ``run`` is :func:`_interpreter`'s (run_tape's parallel copy or serial twin).
     The one place run_tape's arguments are written; returns the number of
     non-finite values stored."""
     pro, body = tapes
@@ -138,7 +145,7 @@ class Kernel:
         chunks do not count them (the caller scans ``out``)."""
         L = int(lanes)
         if self.engine == "tape":
-            run = serial_twin(run_tape) if serial else run_tape
+            run = _interpreter(serial)
             tapes = self.tapes
 
             def call(u, p, t, f, out):
@@ -196,7 +203,7 @@ class Kernel:
         Returns nothing (the caller checks the values it integrates)."""
         call: Callable[..., None]       # the fused variant also takes the tiles' scratch
         if self.engine == "tape":
-            run, tapes, t = serial_twin(run_tape), self.tapes, float(t)
+            run, tapes, t = _interpreter(True), self.tapes, float(t)
 
             def call(u, f, cix, lanes, out):
                 run_tapes(run, tapes, u, f, p, t, h, cix, out, lanes)
@@ -244,7 +251,7 @@ class Kernel:
 
     def _run_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> int | None:
         if self.engine == "tape":       # the tape counts the non-finite values it stores
-            return run_tapes(run_tape, self.tapes, u, forcing, p, float(t), h, cix, out, lanes)
+            return run_tapes(_interpreter(False), self.tapes, u, forcing, p, float(t), h, cix, out, lanes)
         self.module().prologue(p, float(t), h)
         bad = 0
         for fn, is_cell in self.chunk_calls(serial=serial):
@@ -286,7 +293,7 @@ class FusedTape:
                            capacity)
 
     def _run_once(self, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity) -> int:
-        return run_tapes(run_tape, (self.prologue, self.body), u, forcing, p, float(t), h, cix, out, lanes,
+        return run_tapes(_interpreter(False), (self.prologue, self.body), u, forcing, p, float(t), h, cix, out, lanes,
                          tile, slots_per_lane, capacity, self.zero_slots)
 
     def bind_lanes(self, p: np.ndarray, t: float, h: np.ndarray, slots_per_lane: int,
@@ -297,7 +304,7 @@ class FusedTape:
         interpreter's serial twin); ``tile_width(lanes)``/``capacity(lanes)``
         give the plan's tiles at that lane count. The number of non-finite
         values stored."""
-        run = serial_twin(run_tape)
+        run = _interpreter(True)
         tapes, zs, t, P = (self.prologue, self.body), self.zero_slots, float(t), int(slots_per_lane)
 
         def call(u, f, cix, lanes, out):
@@ -309,7 +316,7 @@ class FusedTape:
         """``call(u, p, t, f, out) -> int``: the direct slot stores on fixed
         lanes, tiles, hoisted values and lane map (the serial twin of the
         interpreter when ``serial``); the number of non-finite values stored."""
-        run = serial_twin(run_tape) if serial else run_tape
+        run = _interpreter(serial)
         tapes, zs = (self.prologue, self.body), self.zero_slots
         L, W, P, C = int(lanes), int(tile), int(slots_per_lane), int(capacity)
 

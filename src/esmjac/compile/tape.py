@@ -275,162 +275,173 @@ def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
     number of non-finite values stored into ``out`` (counted while they are
     in registers, ``x - x`` is NaN for inf and NaN: the caller needs no
     second pass over ``out``, which with LU fill-in can be most of a call's
-    memory traffic)."""
+    memory traffic). The parallel loop is only this: each work item is one
+    call of :func:`_run_chunk` (compiled once, shared with the serial twin;
+    a chunk body inside the ``prange`` made Numba's parfor passes take most
+    of a cold build)."""
     nch = (C + CHUNK - 1) // CHUNK
     bad = np.zeros(nch, dtype=np.int64)          # per work item (no parfor reduction)
     for ch in nb.prange(nch):
-        nbad = 0
-        l0 = ch * CHUNK
-        m = min(C, l0 + CHUNK) - l0
-        R = np.empty((nreg, CHUNK), dtype=np.float64)
-        # Tiled stores: lane j of this chunk lands at pos[j] + slot*W; the
-        # divisions by W are done once per chunk here, not once per store
-        # instruction and lane (a runtime divide costs tens of cycles).
-        pos = np.empty(CHUNK, dtype=np.int64)
-        if W > 0:
-            for j in range(m):
-                l = l0 + j
-                pos[j] = (l // W) * P * W + l % W
-        # Slots no band reaches: per tile, a run of consecutive zero slots
-        # is one contiguous block of run × W values (a memset, not one
-        # indexed store per slot and lane: LU fill-in can be most slots).
-        nz = zslots.shape[0]
-        if nz > 0 and W > 0:
-            for tt in range(l0 // W, (l0 + m - 1) // W + 1):
-                a0 = max(l0, tt * W) - tt * W
-                a1 = min(l0 + m, (tt + 1) * W) - tt * W
-                base = tt * P * W
-                z = 0
-                while z < nz:
-                    s0 = zslots[z]
-                    s1 = s0 + 1
-                    z += 1
-                    while z < nz and zslots[z] == s1:
-                        s1 += 1
-                        z += 1
-                    # unsigned offsets: no wraparound select per store (vector stores)
-                    if a0 == 0 and a1 == W:
-                        zb = nb.uint64(base + s0 * W)
-                        for k in range((s1 - s0) * W):
-                            out[zb + nb.uint64(k)] = 0.0
-                    else:
-                        for s in range(s0, s1):
-                            zb = nb.uint64(base + s * W + a0)
-                            for k in range(a1 - a0):
-                                out[zb + nb.uint64(k)] = 0.0
-        # whole tiles in this chunk: stores go tile by tile, W contiguous lanes
-        whole = W > 0 and l0 % W == 0 and m % W == 0
-        for i in range(code.shape[0]):
-            o = code[i, 0]
-            d = code[i, 1]
-            a = code[i, 2]
-            b = code[i, 3]
-            c = code[i, 4]
-            if o == 0:
-                x = consts[a]
-                for j in range(m):
-                    R[d, j] = x
-            elif o == 1:
-                x = h[a]
-                for j in range(m):
-                    R[d, j] = x
-            elif o == 2:
-                x = p[a]
-                for j in range(m):
-                    R[d, j] = x
-            elif o == 3:
-                for j in range(m):
-                    R[d, j] = t
-            elif o == 4:
-                for j in range(m):
-                    R[d, j] = cix[a * L + min(l0 + j, L - 1)]
-            elif o == 5:
-                for j in range(m):
-                    R[d, j] = u[a * L + min(l0 + j, L - 1)]
-            elif o == 6:
-                for j in range(m):
-                    R[d, j] = f[a * L + min(l0 + j, L - 1)]
-            elif o == 7:
-                if W == 0:
-                    for j in range(m):
-                        out[a * L + l0 + j] = R[d, j]
-                elif whole:
-                    for tt in range(m // W):
-                        ob = nb.uint64(((l0 // W + tt) * P + a) * W)
-                        jb = tt * W
-                        for k in range(W):
-                            out[ob + nb.uint64(k)] = R[d, jb + k]
-                else:
-                    aw = a * W
-                    for j in range(m):
-                        out[pos[j] + aw] = R[d, j]
-                for j in range(m):
-                    x = R[d, j]
-                    if x - x != 0.0:
-                        nbad += 1
-            elif o == 8:
-                h[a] = R[d, 0]
-            elif o == 9:
-                for j in range(m):
-                    R[d, j] = R[a, j] + R[b, j]
-            elif o == 10:
-                for j in range(m):
-                    R[d, j] = R[a, j] - R[b, j]
-            elif o == 11:
-                for j in range(m):
-                    R[d, j] = R[a, j] * R[b, j]
-            elif o == 12:
-                for j in range(m):
-                    R[d, j] = R[a, j] / R[b, j]
-            elif o == 13:
-                for j in range(m):
-                    R[d, j] = R[a, j] ** R[b, j]
-            elif o == 14:
-                for j in range(m):
-                    R[d, j] = -R[a, j]
-            elif o == 15:
-                for j in range(m):
-                    R[d, j] = R[b, j] if R[a, j] != 0.0 else R[c, j]
-            elif o <= 21:
-                for j in range(m):
-                    x = R[a, j]
-                    y = R[b, j]
-                    if o == 16:
-                        r = x < y
-                    elif o == 17:
-                        r = x <= y
-                    elif o == 18:
-                        r = x > y
-                    elif o == 19:
-                        r = x >= y
-                    elif o == 20:
-                        r = x == y
-                    else:
-                        r = x != y
-                    R[d, j] = 1.0 if r else 0.0
-            elif o == 22:
-                for j in range(m):
-                    R[d, j] = 1.0 if (R[a, j] != 0.0 and R[b, j] != 0.0) else 0.0
-            elif o == 23:
-                for j in range(m):
-                    R[d, j] = 1.0 if (R[a, j] != 0.0 or R[b, j] != 0.0) else 0.0
-            elif o == 24:
-                for j in range(m):
-                    R[d, j] = 0.0 if R[a, j] != 0.0 else 1.0
-            elif o == 25:
-                for j in range(m):
-                    R[d, j] = min(R[a, j], R[b, j])
-            elif o == 26:
-                for j in range(m):
-                    R[d, j] = max(R[a, j], R[b, j])
-            elif o == 44:
-                for j in range(m):
-                    R[d, j] = np.arctan2(R[a, j], R[b, j])
-            else:
-                for j in range(m):
-                    R[d, j] = _unary(o, R[a, j])
-        bad[ch] = nbad
+        bad[ch] = _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, ch)
     return bad.sum()
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy")
+def _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, ch):
+    """Work item ``ch`` of :func:`run_tape`: lanes ``ch*CHUNK`` up to
+    ``C``, every instruction a unit-stride loop over them; the number of
+    non-finite values stored."""
+    nbad = 0
+    l0 = ch * CHUNK
+    m = min(C, l0 + CHUNK) - l0
+    R = np.empty((nreg, CHUNK), dtype=np.float64)
+    # Tiled stores: lane j of this chunk lands at pos[j] + slot*W; the
+    # divisions by W are done once per chunk here, not once per store
+    # instruction and lane (a runtime divide costs tens of cycles).
+    pos = np.empty(CHUNK, dtype=np.int64)
+    if W > 0:
+        for j in range(m):
+            l = l0 + j
+            pos[j] = (l // W) * P * W + l % W
+    # Slots no band reaches: per tile, a run of consecutive zero slots
+    # is one contiguous block of run × W values (a memset, not one
+    # indexed store per slot and lane: LU fill-in can be most slots).
+    nz = zslots.shape[0]
+    if nz > 0 and W > 0:
+        for tt in range(l0 // W, (l0 + m - 1) // W + 1):
+            a0 = max(l0, tt * W) - tt * W
+            a1 = min(l0 + m, (tt + 1) * W) - tt * W
+            base = tt * P * W
+            z = 0
+            while z < nz:
+                s0 = zslots[z]
+                s1 = s0 + 1
+                z += 1
+                while z < nz and zslots[z] == s1:
+                    s1 += 1
+                    z += 1
+                # unsigned offsets: no wraparound select per store (vector stores)
+                if a0 == 0 and a1 == W:
+                    zb = nb.uint64(base + s0 * W)
+                    for k in range((s1 - s0) * W):
+                        out[zb + nb.uint64(k)] = 0.0
+                else:
+                    for s in range(s0, s1):
+                        zb = nb.uint64(base + s * W + a0)
+                        for k in range(a1 - a0):
+                            out[zb + nb.uint64(k)] = 0.0
+    # whole tiles in this chunk: stores go tile by tile, W contiguous lanes
+    whole = W > 0 and l0 % W == 0 and m % W == 0
+    for i in range(code.shape[0]):
+        o = code[i, 0]
+        d = code[i, 1]
+        a = code[i, 2]
+        b = code[i, 3]
+        c = code[i, 4]
+        if o == 0:
+            x = consts[a]
+            for j in range(m):
+                R[d, j] = x
+        elif o == 1:
+            x = h[a]
+            for j in range(m):
+                R[d, j] = x
+        elif o == 2:
+            x = p[a]
+            for j in range(m):
+                R[d, j] = x
+        elif o == 3:
+            for j in range(m):
+                R[d, j] = t
+        elif o == 4:
+            for j in range(m):
+                R[d, j] = cix[a * L + min(l0 + j, L - 1)]
+        elif o == 5:
+            for j in range(m):
+                R[d, j] = u[a * L + min(l0 + j, L - 1)]
+        elif o == 6:
+            for j in range(m):
+                R[d, j] = f[a * L + min(l0 + j, L - 1)]
+        elif o == 7:
+            if W == 0:
+                for j in range(m):
+                    out[a * L + l0 + j] = R[d, j]
+            elif whole:
+                for tt in range(m // W):
+                    ob = nb.uint64(((l0 // W + tt) * P + a) * W)
+                    jb = tt * W
+                    for k in range(W):
+                        out[ob + nb.uint64(k)] = R[d, jb + k]
+            else:
+                aw = a * W
+                for j in range(m):
+                    out[pos[j] + aw] = R[d, j]
+            for j in range(m):
+                x = R[d, j]
+                if x - x != 0.0:
+                    nbad += 1
+        elif o == 8:
+            h[a] = R[d, 0]
+        elif o == 9:
+            for j in range(m):
+                R[d, j] = R[a, j] + R[b, j]
+        elif o == 10:
+            for j in range(m):
+                R[d, j] = R[a, j] - R[b, j]
+        elif o == 11:
+            for j in range(m):
+                R[d, j] = R[a, j] * R[b, j]
+        elif o == 12:
+            for j in range(m):
+                R[d, j] = R[a, j] / R[b, j]
+        elif o == 13:
+            for j in range(m):
+                R[d, j] = R[a, j] ** R[b, j]
+        elif o == 14:
+            for j in range(m):
+                R[d, j] = -R[a, j]
+        elif o == 15:
+            for j in range(m):
+                R[d, j] = R[b, j] if R[a, j] != 0.0 else R[c, j]
+        elif o <= 21:
+            for j in range(m):
+                x = R[a, j]
+                y = R[b, j]
+                if o == 16:
+                    r = x < y
+                elif o == 17:
+                    r = x <= y
+                elif o == 18:
+                    r = x > y
+                elif o == 19:
+                    r = x >= y
+                elif o == 20:
+                    r = x == y
+                else:
+                    r = x != y
+                R[d, j] = 1.0 if r else 0.0
+        elif o == 22:
+            for j in range(m):
+                R[d, j] = 1.0 if (R[a, j] != 0.0 and R[b, j] != 0.0) else 0.0
+        elif o == 23:
+            for j in range(m):
+                R[d, j] = 1.0 if (R[a, j] != 0.0 or R[b, j] != 0.0) else 0.0
+        elif o == 24:
+            for j in range(m):
+                R[d, j] = 0.0 if R[a, j] != 0.0 else 1.0
+        elif o == 25:
+            for j in range(m):
+                R[d, j] = min(R[a, j], R[b, j])
+        elif o == 26:
+            for j in range(m):
+                R[d, j] = max(R[a, j], R[b, j])
+        elif o == 44:
+            for j in range(m):
+                R[d, j] = np.arctan2(R[a, j], R[b, j])
+        else:
+            for j in range(m):
+                R[d, j] = _unary(o, R[a, j])
+    return nbad
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")

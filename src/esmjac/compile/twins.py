@@ -18,7 +18,7 @@ import textwrap
 
 from .cache import load_source
 
-__all__ = ["serial_twin", "serial_driver"]
+__all__ = ["serial_twin", "parallel_copy", "serial_driver"]
 
 _TWINS: dict = {}
 
@@ -28,21 +28,39 @@ def serial_twin(fn):
     with ``prange`` as ``range``, compiled without a parallel region (so the
     two never drift and give the same bits). Generated once into the
     kernel cache by content hash, like the model kernels."""
-    tw = _TWINS.get(fn)
-    if tw is None:
+    return _copy(fn, serial=True)
 
+
+def parallel_copy(fn):
+    """A fixed ``parallel=True`` kernel compiled from a copy of its source
+    in the kernel cache (by content hash), as its serial twin is: Numba
+    keys its cache of a function by the file's path and modification time,
+    so the package's own copy compiled again in every install or virtual
+    environment of the same esmjac (the tape interpreter: ~15 s of CPU);
+    the copy's file is the same wherever esmjac is installed."""
+    return _copy(fn, serial=False)
+
+
+def _copy(fn, serial: bool):
+    tw = _TWINS.get((fn, serial))
+    if tw is None:
         py = fn.py_func
         lines = textwrap.dedent(inspect.getsource(py)).splitlines()
-        body = "\n".join(x for x in lines if not x.startswith("@")).replace("nb.prange(", "range(")
-        src = (f"# esmjac: serial twin of {py.__module__}.{py.__name__} (generated; do not edit)\n"
+        body = "\n".join(x for x in lines if not x.startswith("@"))
+        if serial:
+            body = body.replace("nb.prange(", "range(")
+        flags = "cache=True, nogil=True, error_model='numpy'" if serial else \
+            "parallel=True, cache=True, nogil=True, error_model='numpy'"
+        what = "serial twin" if serial else "parallel copy"
+        src = (f"# esmjac: {what} of {py.__module__}.{py.__name__} (generated; do not edit)\n"
                f"# from source {_sources_hash(py.__module__)}\n"
                "import importlib as _il\n"
                "import numba as nb\n"
                f"_m = _il.import_module({py.__module__!r})\n"
                "globals().update({k: v for k, v in vars(_m).items() if not k.startswith('__')})\n"
-               f"\n\n@nb.njit(cache=True, nogil=True, error_model='numpy')\n{body}\n"
+               f"\n\n@nb.njit({flags})\n{body}\n"
                )
-        tw = _TWINS[fn] = getattr(load_source(src), py.__name__)
+        tw = _TWINS[fn, serial] = getattr(load_source(src), py.__name__)
     return tw
 
 
