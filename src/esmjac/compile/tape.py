@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import JacError
 from .ssa import Block
 
-__all__ = ["Tape", "encode", "run_tape", "check_tape", "retarget", "TapeBounds", "CHUNK", "OPS"]
+__all__ = ["Tape", "encode", "run_tape", "check_tape", "retarget", "TapeBounds", "CHUNK", "OPS", "unary_op"]
 
 CHUNK = 256
 OPS = ["const", "hoist", "param", "time", "idx", "lane_u", "lane_f", "store", "storeh",
@@ -440,12 +440,15 @@ def _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, 
                 R[d, j] = np.arctan2(R[a, j], R[b, j])
         else:
             for j in range(m):
-                R[d, j] = _unary(o, R[a, j])
+                R[d, j] = unary_op(o, R[a, j])
     return nbad
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _unary(o, x):
+def unary_op(o, x):
+    """The unary op ``o`` (27-47 in :data:`OPS`) of one value: shared by every
+    tape interpreter (this one and the leaf's ``integrators/lanetape``), so an
+    op means the same bits everywhere."""
     if o == 27:
         return np.exp(x)
     if o == 28:

@@ -36,7 +36,7 @@ import numba as nb
 import numpy as np
 
 from ..compile.ssa import Block
-from ..compile.tape import CHUNK, OPS, Tape
+from ..compile.tape import CHUNK, OPS, Tape, unary_op
 
 __all__ = ["encode_fused", "run_fused", "FUSED_BASE", "CONST_BASE"]
 
@@ -594,48 +594,5 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
                     R[d, j] = np.arctan2(R[a, j], R[b, j])
             else:
                 for j in range(m):
-                    R[d, j] = _unary(o, R[a, j])
+                    R[d, j] = unary_op(o, R[a, j])
     return nbad
-
-
-@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _unary(o, x):
-    if o == 27:
-        return np.exp(x)
-    if o == 28:
-        return np.log(x)
-    if o == 29:
-        return np.log10(x)
-    if o == 30:
-        return np.sqrt(x)
-    if o == 31:
-        return np.sin(x)
-    if o == 32:
-        return np.cos(x)
-    if o == 33:
-        return np.tan(x)
-    if o == 34:
-        return np.arcsin(x)
-    if o == 35:
-        return np.arccos(x)
-    if o == 36:
-        return np.arctan(x)
-    if o == 37:
-        return np.sinh(x)
-    if o == 38:
-        return np.cosh(x)
-    if o == 39:
-        return np.tanh(x)
-    if o == 40:
-        return abs(x)
-    if o == 41:
-        return 1.0 if x > 0.0 else (-1.0 if x < 0.0 else 0.0)
-    if o == 42:
-        return np.floor(x)
-    if o == 43:
-        return np.ceil(x)
-    if o == 45:
-        return np.arcsinh(x)
-    if o == 46:
-        return np.arccosh(x)
-    return np.arctanh(x)
