@@ -83,12 +83,14 @@ def test_block_lanes_shrink_for_large_mechanisms(monkeypatch):
     assert _leaf.block_lanes(15, 60, 4, 1) == 8
 
 
-def test_tape_engine_jacobian_stored_straight_into_tiles(doc8):
+def test_tape_engine_jacobian_stored_straight_into_tiles(doc8, monkeypatch):
     # The leaf's bound Jacobian for the tape engine writes the plan's tile
     # slots directly (no band slab); oracle: the program's own slab path
     # (keep_slab=True: band slab, then the plan's scatter) at the same state
     # — the same instructions, so the same bits — and, for the leaf as a
     # whole, the codegen engine's leaf (an independently generated kernel).
+    from esmjac.integrators import bound
+    monkeypatch.setattr(bound, "POLY", False)       # the lane tape's stores (lanepoly: its own tests)
     lf = rosenbrock(doc8, rtol=RTOL, threads=1, options={"engine": "tape"})
     assert lf.jac_program.kernel.engine == "tape"
     L = 8

@@ -13,13 +13,19 @@ import numpy as np
 from ..compile.codegen import tile_scratch
 from ..compile.engine import NO_SLOTS, run_tapes
 from .lanehoist import LaneSplit, split
+from .lanepoly import BLOCK, run_poly, scratch_size
 from .lanetape import run_fused
 from ..compile.tape import run_tape
 from ..compile.twins import serial_twin
 from ..errors import JacError
 from ..runtime import kernels as K
 
-__all__ = ["bind_kernel", "BoundPrograms", "LaneHoist", "lane_hoist"]
+__all__ = ["bind_kernel", "BoundPrograms", "LaneHoist", "lane_hoist", "POLY"]
+
+#: Whether a hoisted body that is a polynomial in the state runs on the
+#: mass-action kernel (:mod:`esmjac.integrators.lanepoly`) instead of the
+#: lane tape; read when a leaf binds its programs (benchmarks compare both).
+POLY = True
 
 
 def bind_kernel(kern, p: np.ndarray, t: float):
@@ -136,7 +142,26 @@ class BoundPrograms:
             run(rpro.code, rpro.consts, u, fz, p, t, hr, cix, hr, 1, rpro.nreg, 0, 0, 1, NO_SLOTS)
             run_fused(rf.code, rf.consts, u, fz, p, t, hr, cix, out, m, rf.nreg, 0, 0, m, NO_SLOTS)
         self.rhs = r
-        if _direct(plan):
+        # -- the mass-action kernel's call sites (integrators.lanepoly) -----
+        rp, jp = (hz.rhs.poly, hz.jac.poly) if POLY else (None, None)
+        if rp is not None:
+            ra, rs = rp.arrays(), np.empty(scratch_size(rp, 0))
+
+            def r(u, fz, cix, m, out):
+                run(rpro.code, rpro.consts, u, fz, p, t, hr, cix, hr, 1, rpro.nreg, 0, 0, 1, NO_SLOTS)
+                run_poly(*ra, u, fz, hr, p, out, m, 0, 0, m, NO_SLOTS, BLOCK, rs)
+            self.rhs = r
+        if jp is not None and _direct(plan):
+            ft = jac.direct_tape(plan)
+            jpro, zs = ft.prologue, ft.zero_slots
+            P, tile_width, cap = int(plan.info["slots_per_lane"]), plan.tile_width, plan.capacity
+            ja, js = jp.arrays(), np.empty(scratch_size(jp, tile_width(capacity)))
+
+            def j(u, fz, cix, m, out):
+                run(jpro.code, jpro.consts, u, fz, p, t, hj, cix, hj, 1, jpro.nreg, 0, 0, 1, NO_SLOTS)
+                run_poly(*ja, u, fz, hj, p, out, m, tile_width(m), P, cap(m), zs, BLOCK, js)
+        # -- the lane tape's ---------------------------------------------------
+        elif _direct(plan):
             ft = jac.direct_tape(plan)
             jpro, zs = ft.prologue, ft.zero_slots
             P, tile_width, cap = int(plan.info["slots_per_lane"]), plan.tile_width, plan.capacity

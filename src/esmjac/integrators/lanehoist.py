@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..compile.ssa import Block
 from ..compile.tape import OPS, Tape, encode
+from .lanepoly import PolyBody, expand
 from .lanetape import encode_fused
 
 __all__ = ["LaneSplit", "split"]
@@ -46,6 +47,7 @@ class LaneSplit:
     row0: int
     rows: int
     scheduled: Tape | None = None   # ``body`` re-scheduled for few registers (integrators.lanetape)
+    poly: PolyBody | None = None    # ``body`` as a sum of monomials, when it is one (integrators.lanepoly)
 
 
 def _ssa(tape: Tape) -> tuple:
@@ -113,7 +115,8 @@ def split(tape: Tape, row0: int) -> LaneSplit:
     if not frontier:
         blk = Block()
         blk.ins.extend(ins)
-        return LaneSplit(None, tape, int(row0), 0, encode_fused(blk, stores, fuse=False))
+        sched = encode_fused(blk, stores, fuse=False)
+        return LaneSplit(None, tape, int(row0), 0, sched, expand(ins, stores, sched.code.shape[0]))
     # the body: frontier values become row reads, everything they alone
     # needed drops out (encode keeps only what the stores need)
     body = Block()
@@ -124,6 +127,8 @@ def split(tape: Tape, row0: int) -> LaneSplit:
             body.ins.append((op, args))
     pro = Block()
     pro.ins.extend(ins)
+    sched = encode_fused(body, stores, fuse=False)
     return LaneSplit(encode(pro, [(v, int(row0) + k) for v, k in frontier.items()]),
-                     encode(body, stores), int(row0), len(frontier), encode_fused(body, stores, fuse=False))
+                     encode(body, stores), int(row0), len(frontier), sched,
+                     expand(body.ins, stores, sched.code.shape[0]))
 

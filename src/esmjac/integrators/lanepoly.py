@@ -1,0 +1,384 @@
+"""The leaf's mass-action kernel: a hoisted body run as a sum of monomials.
+
+After lane hoisting (:mod:`esmjac.integrators.lanehoist`) a mass-action
+body is a polynomial in the state: every stored value (a right-hand side
+entry, a Jacobian slot) is ``Σ_i c_i · m_i``, each monomial ``m_i`` a
+product of hoisted field rows, parameter-only scalars and states
+(``k·A·B``; its Jacobian's ``∂/∂A = k·B``). :func:`expand` tries, at
+build time, to rewrite a body's SSA in that form, each distinct monomial
+once — a reaction's rate computed once and summed with its ± coefficient
+into every species it moves. A division by a single monomial keeps that
+monomial's factors as divisors (GEOS-Chem's uptake rates ``k_mt1/SALAAL``
+times ``SALAAL``: ``k·A/A`` is not cancelled, so at ``A = 0`` the value is
+NaN as on the tape). Anything else — a division by a sum, a non-integer
+power, a function of a state, the time, a cell index — or an expansion of
+more than :data:`MAX_GROWTH` × the body's instructions gives None, and the
+leaf keeps the tape (:func:`esmjac.integrators.lanetape.run_fused`).
+
+:func:`run_poly` runs the result: one generic kernel compiled once per
+machine, data-driven by read-only int32 / float64 arrays (nothing
+compiled per mechanism). Per block of :data:`BLOCK` lanes (whole tiles of
+the Jacobian's plan) it computes every monomial's row — lanes innermost,
+no register file, no copies — then each output's terms summed in a fixed
+order and stored once. Measured on GEOS-Chem fullchem (64 lanes): the
+output-major form beat computing each monomial and scattering it at once
+(read-modify-write of the outputs, 2.5× slower on the Jacobian), and
+blocks of 64 lanes beat 16 or 32 (``benchmarks/RESULTS.md``). Every lane
+sees the same operations in the same order, so a lane's bits do not
+depend on the lane count, its position, the tile width or the thread
+count.
+
+The bits differ from the tape's in the last places: the tape evaluates
+the expression as written (``k·(A − B)``, sums in the document's order),
+this kernel the expanded sum in its own order; where terms cancel the
+two differ by rounding of the terms' size. Stores go where the tape's go:
+``out[a*L + l]`` (``W = 0``) or slot ``a`` of the tiled plan, the slots
+``zslots`` zeroed and the padding lanes ``L..C-1`` of the last tile
+holding lane ``L-1``'s values (as :func:`run_fused` stores them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba as nb
+import numpy as np
+
+__all__ = ["PolyBody", "expand", "run_poly", "scratch_size", "MAX_GROWTH", "BLOCK"]
+
+#: The expansion is refused when its terms (output terms plus monomial
+#: factors) exceed this multiple of the body's instructions.
+MAX_GROWTH = 4
+#: Lanes per block (rounded to whole tiles): the monomial rows of a block.
+BLOCK = 64
+
+# factor kinds: a state row, a field row, a prologue scalar, a parameter;
+# plus _DIV: the same, divided by (a monomial over a monomial)
+_U, _F, _H, _P, _DIV = 0, 1, 2, 3, 4
+_LEAF_KIND = {"hoist": _H, "param": _P}
+
+
+@dataclass(frozen=True, eq=False)
+class PolyBody:
+    """A body as monomials (module docstring); every array read-only.
+
+    Monomial ``i``'s factors are ``fkind/fidx[fptr[i]:fptr[i+1]]`` (kind 0 a
+    state row, 1 a field row, 2 a prologue value ``h``, 3 a parameter ``p``,
+    4–7 a divisor of kind 0–3; none: the constant 1), applied left to right.
+    Output ``targets[k]`` is ``Σ ocoef[e]·m[omono[e]]`` over
+    ``e in optr[k]:optr[k+1]`` in that order (none: 0)."""
+
+    fptr: np.ndarray
+    fkind: np.ndarray
+    fidx: np.ndarray
+    optr: np.ndarray
+    omono: np.ndarray
+    ocoef: np.ndarray
+    targets: np.ndarray
+
+    @property
+    def monomials(self) -> int:
+        return int(self.fptr.size - 1)
+
+    @property
+    def terms(self) -> int:
+        """Output terms plus monomial factors: the kernel's row operations."""
+        return int(self.omono.size + self.fkind.size)
+
+    def arrays(self) -> tuple:
+        """The kernel's first seven arguments."""
+        return (self.fptr, self.fkind, self.fidx, self.optr, self.omono, self.ocoef, self.targets)
+
+
+def scratch_size(body: PolyBody, W: int, B: int = BLOCK) -> int:
+    """Scratch values :func:`run_poly` needs for ``body`` at tile width ``W``
+    (0: untiled) and block ``B``."""
+    if W > 0:
+        B = max(W, (B // W) * W)
+    return (body.monomials + 1) * max(B, 1)
+
+
+class _NotPolynomial(Exception):
+    pass
+
+
+def _mul(a: dict, b: dict, cap: int) -> dict:
+    if len(a) * len(b) > cap:
+        raise _NotPolynomial("expansion too large")
+    out: dict = {}
+    for ka, ca in a.items():
+        for kb, cb in b.items():
+            k = tuple(sorted(ka + kb))
+            out[k] = out.get(k, 0.0) + ca * cb
+    return {k: c for k, c in out.items() if c != 0.0}
+
+
+def _add(a: dict, b: dict, sign: float, inplace: bool) -> dict:
+    out = a if inplace else dict(a)
+    for k, c in b.items():
+        v = out.get(k, 0.0) + sign * c
+        if v != 0.0:
+            out[k] = v
+        else:
+            out.pop(k, None)
+    return out
+
+
+def expand(ins: list, stores: list, n_instructions: int | None = None) -> PolyBody | None:
+    """The monomial form of a body in :class:`~esmjac.compile.ssa.Block` form
+    (``ins``: (op, args) per value; ``stores``: (value, target)), or None
+    when a stored value is not a polynomial in the state or the expansion
+    would exceed :data:`MAX_GROWTH` × ``n_instructions`` terms (default
+    ``len(ins)``)."""
+    budget = MAX_GROWTH * max(int(n_instructions if n_instructions is not None else len(ins)), 16)
+    try:
+        polys = _polynomials(ins, stores, budget)
+    except _NotPolynomial:
+        return None
+    return _encode(polys, stores, budget)
+
+
+def _polynomials(ins: list, stores: list, budget: int) -> dict:
+    """value → {monomial key: coefficient} for every value the stores need;
+    a key is the sorted tuple of its factors ``8*index + kind`` (a kind
+    ``_DIV + k`` divides by the row or scalar of kind ``k``); a division by a
+    monomial keeps its factors as divisors (``k/A·A`` stays ``k·A/A``: at
+    ``A = 0`` it is NaN, as on the tape)."""
+    need = [False] * len(ins)
+    uses = [0] * len(ins)
+    stack = [v for v, _ in stores]
+    while stack:
+        v = stack.pop()
+        if need[v]:
+            continue
+        need[v] = True
+        op, args = ins[v]
+        if op not in ("const", "hoist", "param", "time", "idx", "lane"):
+            stack.extend(args)
+    for v, (op, args) in enumerate(ins):
+        if need[v] and op not in ("const", "hoist", "param", "time", "idx", "lane"):
+            for a in args:
+                uses[a] += 1
+    for v, _ in stores:
+        uses[v] += 1
+    val: dict = {}
+
+    def recip(b: dict) -> dict:
+        """1/b for a single monomial ``b`` (its factors as divisors)."""
+        if len(b) != 1:
+            raise _NotPolynomial("division by a sum")
+        ((k, c),) = b.items()
+        if any(x % 8 >= _DIV for x in k):
+            raise _NotPolynomial("division by a quotient")
+        return {tuple(x + _DIV for x in k): 1.0 / c}
+
+    def take(a):
+        """Operand ``a``'s polynomial and whether this is its last use."""
+        uses[a] -= 1
+        return val[a], uses[a] == 0
+
+    r: dict[tuple, float]
+    for v, (op, args) in enumerate(ins):
+        if not need[v]:
+            continue
+        if op == "const":
+            c = float(args[0])
+            r = {(): c} if c != 0.0 else {}
+        elif op in _LEAF_KIND:
+            r = {(8 * int(args[0]) + _LEAF_KIND[op],): 1.0}
+        elif op == "lane":
+            r = {(8 * int(args[1]) + (_U if args[0] == "u" else _F),): 1.0}
+        elif op in ("+", "-"):
+            (a, la), (b, _) = take(args[0]), take(args[1])
+            r = _add(a, b, 1.0 if op == "+" else -1.0, la)
+        elif op == "neg":
+            a, _ = take(args[0])
+            r = {k: -c for k, c in a.items()}
+        elif op == "*":
+            (a, _), (b, _) = take(args[0]), take(args[1])
+            r = _mul(a, b, budget)
+        elif op == "/":
+            (a, _), (b, _) = take(args[0]), take(args[1])
+            r = _mul(a, recip(b), budget)
+        elif op == "pow":
+            (a, _), (b, _) = take(args[0]), take(args[1])
+            e = b.get((), 0.0) if set(b) <= {()} else 0.5
+            if e != int(e) or not -4 <= e <= 4:
+                raise _NotPolynomial("a power that is not a small integer")
+            base = a if e >= 0 else recip(a)
+            r = {(): 1.0}
+            for _ in range(abs(int(e))):
+                r = _mul(r, base, budget)
+        else:
+            raise _NotPolynomial(f"{op} of the state")
+        if len(r) > budget:
+            raise _NotPolynomial("expansion too large")
+        val[v] = r
+        for a in set(args) if op not in ("const", "hoist", "param", "time", "idx", "lane") else ():
+            if uses[a] == 0:
+                val.pop(a, None)        # keep memory at the live values
+    return {v: val[v] for v, _ in stores}
+
+
+def _encode(polys: dict, stores: list, budget: int) -> PolyBody | None:
+    """The kernel's arrays: monomials numbered in order of first use by the
+    stores, factors sorted (fields and scalars, then states, then divisors:
+    ``k·A·B``), each output's terms in :func:`_order`."""
+    mono: dict = {}             # key -> index
+    terms: dict = {}            # target -> [(monomial, coefficient)]
+    for v, tgt in stores:
+        p = polys[v]
+        lst = terms.setdefault(int(tgt), [])
+        for k in sorted(p, key=_order):
+            i = mono.get(k)
+            if i is None:
+                i = mono[k] = len(mono)
+            lst.append((i, p[k]))
+    nfac = sum(len(k) for k in mono)
+    nterm = sum(len(t) for t in terms.values())
+    if nfac + nterm > budget:
+        return None
+    fptr = np.zeros(len(mono) + 1, np.int32)
+    fkind = np.empty(nfac, np.int32)
+    fidx = np.empty(nfac, np.int32)
+    q = 0
+    for i, k in enumerate(mono):
+        for x in sorted(k, key=lambda x: (x % 8 >= _DIV, x % 4 == _U, x % 8, x // 8)):
+            fkind[q], fidx[q] = x % 8, x // 8
+            q += 1
+        fptr[i + 1] = q
+    targets = np.array(sorted(terms), np.int32)
+    optr = np.zeros(targets.size + 1, np.int32)
+    omono = np.empty(nterm, np.int32)
+    ocoef = np.empty(nterm, np.float64)
+    q = 0
+    for k, t in enumerate(targets.tolist()):
+        for i, c in terms[t]:
+            omono[q], ocoef[q] = i, c
+            q += 1
+        optr[k + 1] = q
+    arrs = (fptr, fkind, fidx, optr, omono, ocoef, targets)
+    for a in arrs:
+        a.setflags(write=False)
+    return PolyBody(*arrs)
+
+
+def _order(k: tuple) -> tuple:
+    """Monomials of one output in a fixed order: by their state factors, then
+    the rest (any fixed order gives every lane the same bits)."""
+    return (tuple(x for x in k if x % 4 == _U), k)
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _factor_row(kind, idx, u, f, h, p, L, l0, r, m, first):
+    """r[:m] = (or *=, or /=) the factor's row or scalar (kinds: PolyBody).
+    Rows are read through slices: with offsets into possibly aliased arrays
+    LLVM does not vectorise the loops (measured)."""
+    rr = r[:m]
+    if kind == 0 or kind == 1 or kind == 4 or kind == 5:
+        o = idx * L + l0
+        x = u[o:o + m] if kind == 0 or kind == 4 else f[o:o + m]
+        if kind <= 1:
+            if first:
+                for j in range(m):
+                    rr[j] = x[j]
+            else:
+                for j in range(m):
+                    rr[j] = rr[j] * x[j]
+        elif first:
+            for j in range(m):
+                rr[j] = 1.0 / x[j]
+        else:
+            for j in range(m):
+                rr[j] = rr[j] / x[j]
+    else:
+        c = h[idx] if kind == 2 or kind == 6 else p[idx]
+        if kind <= 3:
+            if first:
+                for j in range(m):
+                    rr[j] = c
+            else:
+                for j in range(m):
+                    rr[j] = rr[j] * c
+        elif first:
+            for j in range(m):
+                rr[j] = 1.0 / c
+        else:
+            for j in range(m):
+                rr[j] = rr[j] / c
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy")
+def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L, W, P, C, zslots, B, scratch):
+    """Evaluate a :class:`PolyBody` for lanes ``0..L-1`` (inputs ``u``, ``f``
+    lanes-fastest with stride ``L``; ``h`` the prologue's values, ``p`` the
+    parameters) into ``out``: ``out[a*L + l]`` when ``W == 0``, else slot
+    ``a`` of the tiled plan (``P`` slots, ``C`` stored lanes, the slots
+    ``zslots`` zeroed, padding lanes ``L..C-1`` a copy of lane ``L-1``).
+    Per block of ``B`` lanes (a multiple of ``W`` when tiled): every
+    monomial's row into a buffer, then each output's terms summed in their
+    order and stored once. ``scratch``: at least :func:`scratch_size`
+    values (the monomial rows; a smaller one is replaced by an allocation)."""
+    nm = fptr.shape[0] - 1
+    if W > 0:
+        B = max(W, (B // W) * W)
+    B = max(1, min(B, max(L, 1)) if W == 0 else B)
+    if scratch.shape[0] < (nm + 1) * B:
+        scratch = np.empty((nm + 1) * B, dtype=np.float64)
+    M = scratch[:nm * B].reshape((nm, B))
+    acc = scratch[nm * B:(nm + 1) * B]
+    Cs = C if W > 0 else L
+    for l0 in range(0, Cs, B):
+        m = max(min(L, l0 + B) - l0, 0)         # real lanes of this block
+        ms = min(Cs, l0 + B) - l0               # stored lanes
+        if m == 0:
+            break
+        for i in range(nm):
+            a0 = fptr[i]
+            a1 = fptr[i + 1]
+            r = M[i]
+            if a1 == a0:
+                for j in range(m):
+                    r[j] = 1.0
+            for q in range(a0, a1):
+                _factor_row(fkind[q], fidx[q], u, f, h, p, L, l0, r, m, q == a0)
+        for k in range(targets.shape[0]):
+            e0 = optr[k]
+            e1 = optr[k + 1]
+            a = acc[:m]
+            if e1 == e0:
+                for j in range(m):
+                    a[j] = 0.0
+            else:
+                x = M[omono[e0]]
+                c = ocoef[e0]
+                for j in range(m):
+                    a[j] = c * x[j]
+                for e in range(e0 + 1, e1):
+                    x = M[omono[e]]
+                    c = ocoef[e]
+                    for j in range(m):
+                        a[j] = a[j] + c * x[j]
+            t = targets[k]
+            if W == 0:
+                o = out[t * L + l0:t * L + l0 + m]
+                for j in range(m):
+                    o[j] = a[j]
+            else:
+                for tt in range(ms // W):
+                    ob = ((l0 // W + tt) * P + t) * W
+                    o = out[ob:ob + W]
+                    jb = tt * W
+                    if jb + W <= m:
+                        for k2 in range(W):
+                            o[k2] = acc[jb + k2]
+                    else:
+                        for k2 in range(W):
+                            o[k2] = acc[min(jb + k2, m - 1)]
+        if W > 0:
+            for tt in range(ms // W):
+                base = (l0 // W + tt) * P * W
+                for z in range(zslots.shape[0]):
+                    o = out[base + zslots[z] * W:base + zslots[z] * W + W]
+                    for k2 in range(W):
+                        o[k2] = 0.0
+    return 0
