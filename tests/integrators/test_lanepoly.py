@@ -336,3 +336,38 @@ def test_geoschem_bodies_expand_and_match_the_tape():
     run_tape(pro.code, pro.consts, u, fz, lf.p, 0.0, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
     scale = _run(_abs(hz.rhs.poly), np.abs(u), np.abs(fz), np.abs(h), np.abs(lf.p), Lg, size=u.size)
     assert np.all(np.isfinite(ref)) and np.all(np.abs(got - ref) <= ROUND * scale)
+
+
+_FIRST_CALLS = r"""
+import numpy as np
+from esmjac.adapters.native import rosenbrock
+from esmjac.integrators.bound import lane_hoist
+from esmjac.models.mechanism import lift
+from tests.support.programs import TROPO12
+doc = lift(json.loads(TROPO12.read_text()), 8)
+lf = rosenbrock(doc, rtol=1e-4, threads=1, per_cell=["T"], options={"engine": "tape", "progress": False})
+hz = lane_hoist(lf, lf.plan)
+out = {"poly": hz.rhs.poly is not None and hz.jac.poly is not None}
+compiled()                                           # the build's own compiles
+u = lf.initial_state()
+ok = bool(lf.advance(u, 0.0, 600.0).success)
+ro = u.copy()
+ro.setflags(write=False)
+ok = ok and bool(lf.advance(ro, 600.0, 600.0, out=np.empty_like(u)).success)
+big = np.repeat(u.reshape(15, -1), 40, axis=1).reshape(-1)
+ok = ok and bool(lf.advance(big, 0.0, 600.0, forcing={"fj": 0.5, "T": 290.0}, h0=10.0).success)
+out["new"] = compiled()
+out["ok"] = ok
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_no_compile_after_the_build_on_the_mass_action_kernel(tmp_path):
+    """In a fresh process the leaf's build compiles (or loads) run_poly; its
+    advances (in place, into out= from a read-only state, 320 lanes with
+    other forcing) specialize nothing new."""
+    from tests.support.child import run_child
+    from tests.support.compiles import SPY
+    res = run_child(SPY + _FIRST_CALLS, os.environ.get("ESMJAC_CACHE_DIR", tmp_path), timeout=900)
+    assert res["poly"] and res["ok"] and res["new"] == [], res
