@@ -529,7 +529,7 @@ def main(argv=None):
         byroute = dict(zip(a.routes.split(","), finals))
         if "published" in byroute and "published-tape" in byroute:
             # the mass-action kernel against the lane tape: last places only
-            (r0, y0, at), (_, y1, _) = byroute["published"], byroute["published-tape"]
+            (_, y0, at), (_, y1, _) = byroute["published"], byroute["published-tape"]
             d = float(np.max(np.abs(y0 - y1) / (np.repeat(at, L) + a.rtol * np.abs(y1))))
             out[f"poly_vs_tape_max_diff_in_tolerances_{L}"] = d
             print(f"mass-action kernel vs lane tape @ {L}: max |diff| {d:.3g} of the tolerance",
