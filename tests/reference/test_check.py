@@ -234,3 +234,139 @@ def test_the_reused_rhs_is_evaluate_rhs_bit_for_bit(fx, bandset):
         assert got.tobytes() == want.tobytes(), (fx, k)
         y[0] *= 1.5                                  # another state: not a stale buffer
         assert rhs(y, t).tobytes() == check_mod.rhs_vector(flat, names, y, t).tobytes()
+
+
+# ------------------------------------------------ column groups (issue #22: check on 272 species)
+
+def _chain_box(n: int = 14) -> dict:
+    """A scalar box of ``n`` species S0..S{n-1}: S_k + S_{k+1} -> S_{k+2}
+    and S_k -> S_{k+1} (photolysis-like), defaults spread over six decades:
+    a banded Jacobian, so a few columns per group."""
+    from esmjac.models.mechanism import box, mechanism_doc
+    species = {f"S{k}": 10.0 ** (k % 7) for k in range(n)}
+    params = {f"k{k}": 1e-3 * (1 + k) for k in range(n)} | {f"j{k}": 0.05 * (1 + k % 3) for k in range(n)}
+    rx = [{"id": f"R{k}", "reactants": [f"S{k}", f"S{k + 1}"], "products": {f"S{k + 2}": 1}, "rate": f"k{k}"}
+          for k in range(n - 2)]
+    rx += [{"id": f"P{k}", "reactants": [f"S{k}"], "products": {f"S{k + 1}": 1}, "rate": f"j{k}"}
+           for k in range(n - 1)]
+    return box(mechanism_doc("C", species, params, rx, 1))
+
+
+def _differences_both_ways(src, seed=5):
+    """(grouped F, column-by-column F, floor, U, groups) at one sampled point
+    of ``src``, as fd_check computes them."""
+    from esmjac.calculus.bandset import BandSet
+    from esmjac.model.layout import element_names, ode_states
+    from esmjac.runtime.progress import task
+    bs = BandSet.build(src)
+    states = ode_states(bs.view)
+    names = element_names(bs.view, states)
+    flat = check_mod._flat(bs.view)
+    ref, scale = check_mod._reference_state(bs.view, states)
+    rhs = check_mod._Rhs(flat, names, ref)
+    y = ref * 10.0 ** (0.5 * np.random.default_rng(seed).uniform(-1, 1, len(names)))
+    a = check_mod.assemble(bs, u=dict(zip(names, y)), t=0.0)
+    J = a.matrix.toarray()
+    U = (J != 0) | check_mod._structure(flat, names)
+    groups = check_mod._column_groups(U)
+    f0 = rhs(y, 0.0)
+    terms = np.abs(f0) + np.abs(J) @ np.abs(y)
+    steps = check_mod._steps(y, scale)
+    with task(False, "check") as prog:
+        Fg, hg, _ = check_mod._grouped_differences(rhs, y, 0.0, steps, groups, U, terms, U.sum(1), 0.0,
+                                                   np.random.default_rng(1), prog)
+        Fc, hc = check_mod._column_differences(rhs, y, 0.0, steps, prog)
+    return Fg, hg, Fc, hc, check_mod._NOISE * check_mod._EPS * terms[:, None] / hc[None, :], U, groups
+
+
+@pytest.mark.parametrize("src", ["chain", "tropo12", "chapman"])
+def test_grouped_differences_are_the_column_by_column_ones(src):
+    """Oracle: each column differenced alone through earthsci-ast. Grouped,
+    every entry agrees within the round-off floor both are held to, an
+    entry outside the structure is exactly zero in both, the steps are the
+    same bits, and no row reads two columns of one group."""
+    doc = _chain_box() if src == "chain" else TROPO if src == "tropo12" else chapman()
+    Fg, hg, Fc, hc, floor, U, groups = _differences_both_ways(doc)
+    assert Fg is not None                                   # the structure held (no fallback)
+    assert np.array_equal(hg, hc)
+    assert np.all(np.abs(Fg - Fc) <= floor + 1e-9 * np.abs(Fc))
+    assert np.all(Fc[~U] == 0.0) and np.all(Fg[~U] == 0.0)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(U.shape[1]))
+    for g in groups:
+        assert U[:, g].sum(axis=1).max() <= 1
+    if src == "chain":
+        assert len(groups) < U.shape[1] / 2                 # grouping pays on a banded box
+
+
+@pytest.mark.parametrize("src", ["chain", "chapman"])
+def test_grouped_check_reports_what_the_column_by_column_check_reports(src):
+    doc = _chain_box() if src == "chain" else chapman()
+    g = fd_check(doc, points=3, seed=7)
+    c = fd_check(doc, points=3, seed=7, group_columns=False)
+    assert g.ok and c.ok, (g.summary(), c.summary())
+    assert g.compared == c.compared and g.nnz == c.nnz and g.mismatches == c.mismatches == 0
+    assert g.worst[:2] == c.worst[:2] and g.worst[2] == c.worst[2]
+    assert g.max_rel_err == pytest.approx(c.max_rel_err, rel=1e-3, abs=1e-9)
+    assert g.ungrouped_points == 0
+    if src == "chain":
+        assert 1 <= g.groups < g.n_states and g.rhs_calls < c.rhs_calls
+        assert f"{g.groups} structurally orthogonal groups" in g.summary()
+    else:       # every cell reads every cell as earthsci-ast's structure is read: a group per column
+        assert g.groups == 0 and g.rhs_calls == c.rhs_calls
+
+
+def test_grouped_check_finds_a_planted_error_and_an_entry_moved_to_another_column(monkeypatch):
+    """A 1e-3 error in one entry is found and named with grouping on; so is
+    a derivative stored under the wrong species (d S5/d S4's value moved to
+    d S5/d S9, a column no row of the stored pattern shares with S4: the
+    stored pattern alone would put both columns in one group)."""
+    doc = _chain_box()
+    _sabotaged(monkeypatch, "C.S5", "C.S4", 1.0 + 1e-3)
+    rep = fd_check(doc, points=1)
+    assert not rep.ok and rep.mismatches >= 1 and rep.groups
+    assert rep.worst[0] == "C.S5" and rep.worst[1] == "C.S4"
+    assert rep.worst[4] == pytest.approx(1e-3, rel=0.05)
+    monkeypatch.undo()
+    real = check_mod.assemble
+
+    def moved(bs, u, t):
+        a = real(bs, u=u, t=t)
+        m = a.matrix.tolil()
+        i, j, k = a.rows.index("C.S5"), a.cols.index("C.S4"), a.cols.index("C.S9")
+        m[i, k], m[i, j] = m[i, j], 0.0
+        m = m.tocsr()
+        m.eliminate_zeros()
+        return dataclasses.replace(a, matrix=m)
+    monkeypatch.setattr(check_mod, "assemble", moved)
+    rep = fd_check(doc, points=1)
+    assert not rep.ok and rep.groups and rep.ungrouped_points == 0
+    assert ("C.S5", "C.S4") in {(r, c) for r, c, _ in rep.uncovered}
+    assert rep.mismatches >= 1 and rep.worst[:2] in {("C.S5", "C.S9"), ("C.S5", "C.S4")}
+
+
+def test_a_structure_that_misses_an_entry_falls_back_to_column_by_column(monkeypatch):
+    """If earthsci-ast's structure as read here missed a dependency (and the
+    stored pattern did too), the grouped differences would see zero there;
+    the checks of the structure (rows outside it move; the directional
+    difference) send that point to column-by-column differences, which
+    find the entry uncovered."""
+    doc = _chain_box()
+    real_structure = check_mod._structure
+
+    def missing(flat, names):
+        S = real_structure(flat, names)
+        S[names.index("C.S6"), names.index("C.S5")] = False
+        return S
+    monkeypatch.setattr(check_mod, "_structure", missing)
+    _sabotaged(monkeypatch, "C.S6", "C.S5", 0.0)
+    real = check_mod.assemble
+
+    def pruned(bs, u, t):
+        a = real(bs, u=u, t=t)
+        m = a.matrix.copy()
+        m.eliminate_zeros()
+        return dataclasses.replace(a, matrix=m)
+    monkeypatch.setattr(check_mod, "assemble", pruned)
+    rep = fd_check(doc, points=2)
+    assert not rep.ok and rep.ungrouped_points == 2
+    assert ("C.S6", "C.S5") in {(r, c) for r, c, _ in rep.uncovered}

@@ -151,6 +151,45 @@ def test_aliased_outputs_are_refused():
                 assert _code(e) == "bad_argument"
 
 
+def test_a_binding_in_a_solver_loop_still_refuses_aliasing():
+    """A bound RHS called as a solver calls it (a new state each call into
+    the last call's output: the path that skips re-checking what it checked
+    before) refuses ``u`` that is, or is a view into, ``out``, and ``p``
+    overlapping ``out``; between the refusals the values are the hand
+    derivation's (f_A = -k1 A + k2 B², f_B = k1 A - 2 k2 B²)."""
+    J, R = _progs("chem")
+    run = R.bind()
+    u0 = _point(R)
+    out = np.zeros(u0.size)
+    A, B = slice(0, CELLS), slice(CELLS, 2 * CELLS)
+
+    def want(u):
+        return np.concatenate([-K1 * u[A] + K2 * u[B] ** 2, K1 * u[A] - 2 * K2 * u[B] ** 2])
+
+    for k in range(3):                                       # the solver's loop: fresh states
+        u = u0 * (1.0 + 0.1 * k)
+        assert run(u, R.p0, 0.0, None, out) is out
+        assert np.allclose(out, want(u), rtol=1e-14)
+    for bad in (out, out[:], out.reshape(-1)):               # the output itself, views of it
+        with pytest.raises(JacError) as e:
+            run(bad, R.p0, 0.0, None, out)
+        assert _code(e) == "bad_argument" and "shares memory" in e.value.message
+    buf = np.ones(3 * u0.size)
+    view = buf[:u0.size]
+    run(u0.copy(), R.p0, 0.0, None, view)
+    with pytest.raises(JacError) as e:                       # out a view; u overlapping it
+        run(buf[u0.size // 2:u0.size // 2 + u0.size], R.p0, 0.0, None, view)
+    assert _code(e) == "bad_argument"
+    if R.p0.size:
+        pbuf = np.zeros(u0.size + R.p0.size)
+        pbuf[:R.p0.size] = R.p0
+        run(u0.copy(), R.p0, 0.0, None, pbuf[R.p0.size:])
+        with pytest.raises(JacError) as e:                   # p overlapping out
+            run(u0.copy(), pbuf[:R.p0.size + 1][:R.p0.size], 0.0, None, pbuf[R.p0.size - 1:][:u0.size])
+        assert _code(e) == "bad_argument"
+    u = u0 * 2.0
+    assert np.allclose(run(u, R.p0, 0.0, None, out), want(u), rtol=1e-14)
+
 def test_contract_sees_the_point_of_eval_into_not_later_changes_to_u():
     """The four-species model has a diagonal Hessian that depends on u:
     ∂²/∂A² log A = -1/A², ∂²/∂B² k1/B = 2 k1/B³, ∂²/∂C² √C = -C^(-3/2)/4,

@@ -153,10 +153,14 @@ def disjoint(outputs: dict, inputs: dict) -> None:
     for k, (on, o) in enumerate(outs):
         if type(o) is not np.ndarray:
             continue
-        ro = _root(o)
+        ro = None
         for name, x in list(inputs.items()) + outs[k + 1:]:
             if not isinstance(x, np.ndarray):
                 continue            # converted to a fresh array by the call: cannot alias
+            if x is not o and x.base is None and o.base is None:
+                continue            # two arrays each owning its memory: no overlap possible
+            if ro is None:
+                ro = _root(o)
             rx = _root(x)
             if rx is not ro and type(rx) is np.ndarray and type(ro) is np.ndarray:
                 continue            # two arrays owning distinct memory: no overlap possible
