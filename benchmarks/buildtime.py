@@ -1,7 +1,7 @@
 """Build time of a large mechanism (issue #22, DESIGN §10 P5/T5): cold and warm
 builds in fresh processes, with the phase breakdown.
 
-    python benchmarks/buildtime.py [--mech PATH] [--cells 1,64] [--routes box,cell,check]
+    python benchmarks/buildtime.py [--mech PATH] [--cells 1,64] [--routes box,cell,leaf,check]
                                    [--out buildtime.json]
 
 ``--mech`` (or ``$ESMJAC_GC_MECH``; default ``/work/mech/geoschem_fullchem_v1.esm``)
@@ -17,6 +17,10 @@ Routes, each measured cold (empty ``ESMJAC_CACHE_DIR`` and
   (:func:`esmjac.models.mechanism.lift`, the per-cell parameters of
   benchmarks/realworkload.py), the first cell count cold, the others warm
   from its cache (one entry for every cell count);
+* ``leaf``: ``rosenbrock(...)`` of the document lifted to one cell, as
+  benchmarks/realworkload.py's published route builds it (the cell
+  programs, the lane hoist, the leaf's own kernels and its warm advances),
+  cold then warm;
 * ``check``: ``esmjac check FILE`` (load, calculus, the oracle and the
   finite differences through earthsci-ast).
 * ``schema``: earthsci-ast's JSON-schema pass over the document, alone;
@@ -31,7 +35,10 @@ wrapping the build's steps in the child (nothing in esmjac changes):
 esmjac's view; the schema pass alone is the route ``schema``), ``calculus`` (the bands),
 ``evaldoc`` (RHS and Jacobian documents), ``codegen`` (SSA, tape or
 source), ``numba`` (the warm-up calls: compiling or loading kernels),
-``cache`` (product store and load); ``other`` is the rest.
+``cache`` (product store and load); the leaf adds ``leaf.hoist`` (cutting
+the tapes at the state), ``leaf.direct`` (the Jacobian's direct-store tape
+or kernel), ``leaf.warm`` (its discarded advances: the stepper kernels
+compiled or loaded); ``other`` is the rest.
 Every build's values are checked: the warm and cold programs agree
 bit for bit at the document's state (the values' oracle is tests, not here).
 """
@@ -97,6 +104,12 @@ def _timers():
     S.read_product = wrap("cache", S.read_product)
     bs_build = BandSet.build.__func__
     BandSet.build = classmethod(wrap("calculus", bs_build))
+    import esmjac.integrators.bound as IB
+    import esmjac.integrators.leaf as IL
+    IB.LaneHoist.__init__ = wrap("leaf.hoist", IB.LaneHoist.__init__)
+    IL.RosenbrockLeaf._warm = wrap("leaf.warm", IL.RosenbrockLeaf._warm)
+    P.JacobianProgram.direct_tape = wrap("leaf.direct", P.JacobianProgram.direct_tape)
+    P.JacobianProgram.direct_kernel = wrap("leaf.direct", P.JacobianProgram.direct_kernel)
 
     import earthsci_ast
     earthsci_ast.flatten = wrap_inner("load.flatten", earthsci_ast.flatten)
@@ -134,6 +147,24 @@ def _child(spec: dict) -> dict:
         rep = fd_check(spec["mech"])
         res.update(cpu_s=time.process_time() - c0, wall_s=time.perf_counter() - w1, ok=bool(rep.ok),
                    compared=int(rep.compared), nonfinite=len(rep.nonfinite))
+    elif route == "leaf":
+        sys.path.insert(0, str(_HERE))
+        from realworkload import box_doc, lifted
+
+        from esmjac.adapters.native import rosenbrock
+        src = lifted(box_doc(spec["mech"]), 1)
+        c0, w1 = time.process_time(), time.perf_counter()
+        leaf = rosenbrock(src, rtol=1e-3, threads=1, options=opts)
+        res.update(cpu_s=time.process_time() - c0, wall_s=time.perf_counter() - w1,
+                   engine=[leaf.rhs_program.kernel.engine, leaf.jac_program.kernel.engine])
+        # the document's state with its zero species at 1e-2 (as the box route)
+        u = leaf.initial_state(lanes=4)
+        u = np.ascontiguousarray(np.where(u > 0, u, 1e-2))
+        c1 = time.process_time()
+        st = leaf.advance(u, 0.0, 60.0)
+        res["first_advance_cpu_s"] = time.process_time() - c1
+        res["digest"] = __import__("hashlib").sha256(u.tobytes()).hexdigest()
+        res["ok"] = bool(st.success)
     else:
         src = spec["mech"]
         if route == "cell":
@@ -192,7 +223,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mech", default=os.environ.get("ESMJAC_GC_MECH", DEFAULT_MECH))
     ap.add_argument("--cells", default="1,64")
-    ap.add_argument("--routes", default="box,venv,schema,check,cell")
+    ap.add_argument("--routes", default="box,venv,schema,check,cell,leaf")
     ap.add_argument("--out", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the temporary cache folders")
     a = ap.parse_args(argv)
@@ -232,6 +263,14 @@ def main(argv=None) -> int:
             _show(f"cell x{cells[0]}, warm", r)
             runs.append(r)
             results["routes"]["cell"] = runs
+        if "leaf" in routes:
+            c = tmp / "leaf"
+            cold = _run_child({"route": "leaf", "mech": a.mech}, c)
+            _show("leaf (rosenbrock, lifted), cold", cold)
+            warm = _run_child({"route": "leaf", "mech": a.mech}, c)
+            _show("leaf (rosenbrock, lifted), warm", warm)
+            assert warm["digest"] == cold["digest"], "warm and cold leaves differ"
+            results["routes"]["leaf"] = {"cold": cold, "warm": warm}
         if "schema" in routes:
             r = _run_child({"route": "schema", "mech": a.mech}, tmp / "schema")
             _show("earthsci-ast schema pass alone", r)

@@ -298,8 +298,14 @@ def test_grouped_differences_are_the_column_by_column_ones(src):
         assert len(groups) < U.shape[1] / 2                 # grouping pays on a banded box
 
 
+@pytest.fixture
+def no_batch(monkeypatch):
+    """The grouped differences, not the one-pass batch (which a scalar box takes first)."""
+    monkeypatch.setattr(check_mod._Batch, "of", classmethod(lambda cls, *a: None))
+
+
 @pytest.mark.parametrize("src", ["chain", "chapman"])
-def test_grouped_check_reports_what_the_column_by_column_check_reports(src):
+def test_grouped_check_reports_what_the_column_by_column_check_reports(src, no_batch):
     doc = _chain_box() if src == "chain" else chapman()
     g = fd_check(doc, points=3, seed=7)
     c = fd_check(doc, points=3, seed=7, group_columns=False)
@@ -315,18 +321,28 @@ def test_grouped_check_reports_what_the_column_by_column_check_reports(src):
         assert g.groups == 0 and g.rhs_calls == c.rhs_calls
 
 
-def test_grouped_check_finds_a_planted_error_and_an_entry_moved_to_another_column(monkeypatch):
+@pytest.mark.parametrize("how", ["grouped", "batch"])
+def test_grouped_check_finds_a_planted_error_and_an_entry_moved_to_another_column(monkeypatch, how):
     """A 1e-3 error in one entry is found and named with grouping on; so is
     a derivative stored under the wrong species (d S5/d S4's value moved to
     d S5/d S9, a column no row of the stored pattern shares with S4: the
-    stored pattern alone would put both columns in one group)."""
+    stored pattern alone would put both columns in one group). The same
+    with every column's differences in one batch."""
     doc = _chain_box()
+
+    def no_batch():
+        if how == "grouped":
+            monkeypatch.setattr(check_mod._Batch, "of", classmethod(lambda cls, *a: None))
+    no_batch()
     _sabotaged(monkeypatch, "C.S5", "C.S4", 1.0 + 1e-3)
     rep = fd_check(doc, points=1)
-    assert not rep.ok and rep.mismatches >= 1 and rep.groups
+    assert not rep.ok and rep.mismatches >= 1
+    assert (rep.groups, rep.batched_points) == ((0, 1) if how == "batch" else (rep.groups, 0)) and \
+        (how == "batch" or rep.groups)
     assert rep.worst[0] == "C.S5" and rep.worst[1] == "C.S4"
     assert rep.worst[4] == pytest.approx(1e-3, rel=0.05)
     monkeypatch.undo()
+    no_batch()
     real = check_mod.assemble
 
     def moved(bs, u, t):
@@ -339,12 +355,12 @@ def test_grouped_check_finds_a_planted_error_and_an_entry_moved_to_another_colum
         return dataclasses.replace(a, matrix=m)
     monkeypatch.setattr(check_mod, "assemble", moved)
     rep = fd_check(doc, points=1)
-    assert not rep.ok and rep.groups and rep.ungrouped_points == 0
+    assert not rep.ok and (rep.groups or how == "batch") and rep.ungrouped_points == 0
     assert ("C.S5", "C.S4") in {(r, c) for r, c, _ in rep.uncovered}
     assert rep.mismatches >= 1 and rep.worst[:2] in {("C.S5", "C.S9"), ("C.S5", "C.S4")}
 
 
-def test_a_structure_that_misses_an_entry_falls_back_to_column_by_column(monkeypatch):
+def test_a_structure_that_misses_an_entry_falls_back_to_column_by_column(monkeypatch, no_batch):
     """If earthsci-ast's structure as read here missed a dependency (and the
     stored pattern did too), the grouped differences would see zero there;
     the checks of the structure (rows outside it move; the directional
@@ -370,3 +386,36 @@ def test_a_structure_that_misses_an_entry_falls_back_to_column_by_column(monkeyp
     rep = fd_check(doc, points=2)
     assert not rep.ok and rep.ungrouped_points == 2
     assert ("C.S6", "C.S5") in {(r, c) for r, c, _ in rep.uncovered}
+
+
+@pytest.mark.parametrize("points", [1, 3])
+def test_the_batch_pass_gives_the_column_by_column_check(points):
+    """A scalar box takes every column's differences in one pass of
+    earthsci-ast's interpreter over all perturbed states; oracle: the same
+    check with each perturbed state through earthsci-ast's right-hand side
+    (2n calls a point). Same entries compared, same worst entry and values
+    (mass action: the same operations on the same operands, so the same
+    bits), and about three right-hand-side calls a point instead of 2n + 1."""
+    doc = _chain_box()
+    b = fd_check(doc, points=points, seed=3)
+    c = fd_check(doc, points=points, seed=3, group_columns=False)
+    assert b.ok and c.ok and b.batched_points == points and c.batched_points == 0
+    assert (b.compared, b.nnz, b.mismatches, b.max_rel_err, b.max_abs_err) == \
+        (c.compared, c.nnz, c.mismatches, c.max_rel_err, c.max_abs_err)
+    assert b.worst == c.worst and b.worst_tolerance == c.worst_tolerance
+    assert b.rhs_calls <= 3 * points < c.rhs_calls
+    assert "one pass of earthsci-ast's interpreter" in b.summary()
+
+
+def test_a_batch_that_disagrees_with_the_right_hand_side_is_not_used(monkeypatch):
+    """Where the one-pass values are not the right-hand side's at the
+    point, that point is differenced by the right-hand-side calls."""
+    real = check_mod._Batch.__call__
+
+    def off(self, Y, t):
+        V = real(self, Y, t)
+        V[0] *= 1.0 + 1e-9
+        return V
+    monkeypatch.setattr(check_mod._Batch, "__call__", off)
+    rep = fd_check(_chain_box(), points=2)
+    assert rep.ok and rep.batched_points == 0 and rep.groups

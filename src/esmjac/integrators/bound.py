@@ -88,6 +88,10 @@ class BoundPrograms:
         plan = leaf.plan if plan is None else plan
         self.hoist = hoist
         self.lane_prologue: Callable[[np.ndarray, np.ndarray, int], None] | None = None
+        #: Whether ``rhs`` takes its fields read-only (the program's own
+        #: kernel: its build compiled that signature); the hoisted tapes
+        #: run on the leaf's writable field rows.
+        self.readonly_fields = hoist is None
         if hoist is not None:
             self._bind_hoisted(leaf, p, t, plan, hoist, capacity)
             return

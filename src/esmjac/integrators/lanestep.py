@@ -637,7 +637,8 @@ class LaneStepper:
     def __init__(self, tab, lu: SparseLaneLU, perm: np.ndarray, iperm: np.ndarray,
                  n_forcing: int, n_cdims: int, capacity: int, tile: int | None,
                  rhs, jac, shared: bool, compact: bool, reuse: tuple | None = None,
-                 lu_dtype=np.float64, lane_prologue=None, n_hoisted: int = 0):
+                 lu_dtype=np.float64, lane_prologue=None, n_hoisted: int = 0,
+                 readonly_fields: bool = False):
         self.tab, self.lu = tab, lu
         # reuse: None (a new Jacobian and LU every attempt) or (max_age, lo, hi)
         # for a W-method's per-lane reuse (see _reuse_plan)
@@ -664,6 +665,13 @@ class LaneStepper:
         # float32, solved with float64 accumulation into float64 stages)
         self.Wm = np.zeros(tiled_size(lu.nnz, C, lu_tile(C)), dtype=lu_dtype)
         self.FZ = np.zeros(max(self.nf * C, 1))
+        # what ``rhs`` reads the fields through: with ``readonly_fields`` a
+        # read-only view, the signature the program's build compiled (a
+        # writable one makes Numba compile generated chunks again)
+        self.FZr = self.FZ
+        if readonly_fields:
+            self.FZr = self.FZ.view()
+            self.FZr.flags.writeable = False
         self.cix = np.zeros(max(self.ncd * C, 1), dtype=i64)
         self.idx = np.empty(C, dtype=i64)
         self.t, self.h, self.hs = np.empty(C, f64), np.empty(C, f64), np.empty(C, f64)
@@ -734,12 +742,12 @@ class LaneStepper:
         if nonauto:
             _fd_times(t, m, self.tst)
             self._forcing_at(fcall, self.tst, m)
-            self.rhs(Y, self.FZ, self.cix, m, self.Fs)
+            self.rhs(Y, self.FZr, self.cix, m, self.Fs)
             self._forcing_at(fcall, t, m)
-            self.rhs(Y, self.FZ, self.cix, m, self.F0)
+            self.rhs(Y, self.FZr, self.cix, m, self.F0)
             _fd_time(self.Fs, self.F0, t, m, n, self.dfdt)
         else:
-            self.rhs(Y, self.FZ, self.cix, m, self.F0)
+            self.rhs(Y, self.FZr, self.cix, m, self.F0)
         if kj == m:
             self.jac(Y, self.FZ, self.cix, m, self.J)
         elif kj > 0:
@@ -794,7 +802,7 @@ class LaneStepper:
         if h0 is None:
             if nonauto:
                 self._forcing_at(fcall, t, m)
-            self.rhs(self.Y, self.FZ, self.cix, m, self.F0)
+            self.rhs(self.Y, self.FZr, self.cix, m, self.F0)
             st.nfev[idx[:m]] += 1
             _h_start(self.Y, self.F0, atol, rtol, span, m, n, h)
             if self.shared:
@@ -814,15 +822,15 @@ class LaneStepper:
                 # ∂f/∂t by a forward difference in t (the forcing's time dependence).
                 _fd_times(t, m, self.tst)
                 self._forcing_at(fcall, self.tst, m)
-                self.rhs(Y, self.FZ, self.cix, m, Fs)
+                self.rhs(Y, self.FZr, self.cix, m, Fs)
                 self._forcing_at(fcall, t, m)
-                self.rhs(Y, self.FZ, self.cix, m, F0)
+                self.rhs(Y, self.FZr, self.cix, m, F0)
                 _fd_time(Fs, F0, t, m, n, self.dfdt)
                 self.jac(Y, self.FZ, self.cix, m, self.J)
                 factor_shifted_lanes(self.J, W, self.Wm, WA, hs, gamma, lu.nnz, m, CHUNK, *self.fops,
                                      self.bad)
             else:
-                self.rhs(Y, self.FZ, self.cix, m, F0)
+                self.rhs(Y, self.FZr, self.cix, m, F0)
                 self.jac(Y, self.FZ, self.cix, m, self.J)
                 _prep_and_factor(t, h, tend, self.done, m, hs, self.last, self.J, W, self.Wm, WA, gamma,
                                  lu.nnz, CHUNK, *self.fops, self.bad)
@@ -835,7 +843,7 @@ class LaneStepper:
                     if nonauto:
                         _times(t, hs, tab.alpha[i], m, self.tst)
                         self._forcing_at(fcall, self.tst, m)
-                    self.rhs(Yst, self.FZ, self.cix, m, Fs)
+                    self.rhs(Yst, self.FZr, self.cix, m, Fs)
                     Fi = Fs
                 # (a stage without newf has the previous stage's argument, so the same f)
                 ci, cv = self.c_nz[i]

@@ -499,7 +499,8 @@ class RosenbrockLeaf:
                                         self.step == "shared", self.compact,
                                         (self.max_jac_age, *self.hold) if self.reuse else None,
                                         lu_dtype=PRECISIONS[self.precision],
-                                        lane_prologue=b.lane_prologue, n_hoisted=rows))
+                                        lane_prologue=b.lane_prologue, n_hoisted=rows,
+                                        readonly_fields=b.readonly_fields))
         i64 = np.int64
         stats = LeafStats(status=np.zeros(L, np.int8), **{c: np.zeros(L, i64) for c in _COUNTERS},
                           h=np.zeros(L), t=np.zeros(L))

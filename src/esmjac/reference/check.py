@@ -19,7 +19,12 @@ radical), so nothing here is absolute:
   s_j)`` (the step that balances truncation and round-off for central
   differences; ``s_j`` the column's scale), rounded so that ``y_j ± h_j`` is
   exact.
-* **Column groups.** Columns no row reads together are differenced together
+* **One pass.** A scalar box (each equation ``D(state) ~ expression``)
+  evaluates all 2n perturbed states of a point in one pass of
+  earthsci-ast's interpreter, each state bound to a vector; the pass is
+  checked against the right-hand side at the point and two perturbed
+  states first (else the calls below).
+* **Column groups.** Otherwise, columns no row reads together are differenced together
   (Curtis–Powell–Reid: a greedy colouring of the union of the stored pattern
   and earthsci-ast's own structure — which states each equation's expression
   reads, through its observed definitions): each row's difference in a group
@@ -102,6 +107,7 @@ class FDReport:
     groups: int = 0
     rhs_calls: int = 0
     ungrouped_points: int = 0
+    batched_points: int = 0
 
     @property
     def nothing_to_check(self) -> bool:
@@ -114,6 +120,9 @@ class FDReport:
         out = (f"{verdict}: {self.n_states} states, {self.nnz} stored entries, {self.points} point(s) "
                f"{self.sampling}; {self.compared} entries compared, each held to "
                f"rtol*max(|exact|, |fd|) + atol + its round-off floor (rtol={self.rtol:g}, atol={self.atol:g})")
+        if self.batched_points:
+            out += (f"; {self.batched_points} point(s) with every column's differences evaluated in one "
+                    "pass of earthsci-ast's interpreter (checked against its right-hand side there)")
         if self.groups:
             out += (f"; columns differenced in {self.groups} structurally orthogonal groups "
                     f"({self.rhs_calls} right-hand-side calls")
@@ -205,6 +214,87 @@ class _Rhs:
             dy = self._build.rhs_function(float(t), yb)
         # a copy: earthsci-ast's right-hand side reuses its output buffer
         return np.array([float(v) for v in np.asarray(dy)[self._perm]], dtype=float)
+
+
+
+class _Batch:
+    """earthsci-ast's right-hand side at many states in one pass: each
+    equation's expression evaluated once by earthsci-ast's own interpreter
+    (``numpy_interpreter.eval_expr``, what its right-hand side calls per
+    equation) with every state bound to a vector of values, one per state.
+    A point's 2n perturbed states then cost about one right-hand-side call
+    (0.08 s for 544 states of a 272-species mechanism, against 0.076 s per
+    state). Only for what that pass surely evaluates alike: scalar states,
+    each equation ``D(state) ~ expression``, no observed definitions; and
+    each point is checked against the right-hand side itself first
+    (:meth:`differences`), so a disagreement means the ordinary calls."""
+
+    def __init__(self, rhs: "_Rhs", flat, names: list):
+        from earthsci_ast.numpy_interpreter import EvalContext, eval_expr
+        b = rhs._build
+        self._eval, self._ctx = eval_expr, EvalContext
+        self._b, self._flat, self._names = b, flat, names
+        pos = {nm: i for i, nm in enumerate(names)}
+        eqs = []
+        for e in flat.equations:
+            lhs = e.lhs
+            if isinstance(lhs, str) or getattr(lhs, "op", None) != "D" or len(lhs.args) != 1 \
+                    or not isinstance(lhs.args[0], str) or lhs.args[0] not in pos:
+                raise ValueError("not a scalar D(state) equation")
+            eqs.append((pos[lhs.args[0]], e.rhs))
+        if len({i for i, _ in eqs}) != len(eqs) or b is None or b.varying_observed \
+                or any(tuple(b.shapes.get(nm, ())) != () for nm in names):
+            raise ValueError("not a scalar box")
+        self._eqs = eqs
+
+    @classmethod
+    def of(cls, rhs: "_Rhs", flat, names: list):
+        """A batch evaluator, or None where it does not apply."""
+        try:
+            return cls(rhs, flat, names)
+        except Exception:       # noqa: BLE001 - another shape of system or earthsci-ast: the calls
+            return None
+
+    def __call__(self, Y: np.ndarray, t: float) -> np.ndarray:
+        """Right-hand sides at the columns of ``Y`` (n × m)."""
+        b = self._b
+        ctx = self._ctx(state_layout={}, state_shapes={}, param_values=b.param_values,
+                        observed_values=dict(b.static_observed_values), y=np.empty(0), t=float(t),
+                        locals={nm: Y[i] for i, nm in enumerate(self._names)},
+                        index_sets=self._flat.index_sets, derived_rings=dict(b.static_derived_rings))
+        out = np.zeros(Y.shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i, e in self._eqs:
+                out[i] = self._eval(e, ctx)
+        return out
+
+    def differences(self, rhs, y, t, steps, f0, floor):
+        """(F, h, calls): central differences of every column alone (the
+        quotients of :func:`_column_differences`), all 2n states in one
+        batch; or ``(None, None, calls)`` when the batch's value at ``y``
+        or at two perturbed states is not the right-hand side's (within
+        ``floor``, the round-off the check allows anyway) or is non-finite."""
+        n = y.shape[0]
+        idx = np.arange(n)
+        Y = np.repeat(y[:, None], 2 * n + 1, axis=1)
+        Y[idx, 1 + idx] += steps
+        Y[idx, 1 + n + idx] -= steps
+        h = 0.5 * (Y[idx, 1 + idx] - Y[idx, 1 + n + idx])     # the steps actually taken
+        try:
+            V = self(Y, t)
+        except Exception:       # noqa: BLE001 - what earthsci-ast's pass refuses: the calls
+            return None, None, 0
+        if not np.isfinite(V).all():
+            return None, None, 0
+        probes = [(0, f0)]
+        for j in {0, n - 1}:
+            probes.append((1 + j, rhs(np.ascontiguousarray(Y[:, 1 + j]), t)))
+        for col, want in probes:
+            if np.any(np.abs(V[:, col] - want) > floor):
+                return None, None, len(probes) - 1
+        F = (V[:, 1:1 + n] - V[:, 1 + n:]) / (2 * h[None, :])
+        return F, h, len(probes) - 1
 
 
 def _policy(policy, use_policy, phase_scope):
@@ -531,9 +621,11 @@ def fd_check(source, *, model: str | None = None, points: int = 3, seed: int = 0
     sample uniformly from [lo, hi] instead of around the document's state.
     ``progress``: the derivation, the document-state check and the
     finite-difference columns shown on stderr (:mod:`esmjac.runtime.progress`:
-    None = a bar on a terminal after 2 s). ``group_columns``: difference
-    structurally orthogonal columns together (the default; every entry is
-    still compared) or every column alone (2n right-hand-side calls a point)."""
+    None = a bar on a terminal after 2 s). ``group_columns``: the shortcuts
+    (the default; every entry is still compared): a scalar box's 2n
+    perturbed states in one pass of earthsci-ast's interpreter, else
+    structurally orthogonal columns differenced together; False: every
+    column alone, 2n right-hand-side calls a point."""
     with task(progress, "check", unit="FD columns") as prog:
         return _fd_check(source, model, points, seed, rtol, atol, lo, hi, prog, group_columns)
 
@@ -567,6 +659,7 @@ def _fd_check(source, model, points, seed, rtol, atol, lo, hi, prog: Task,
     rng = np.random.default_rng(seed)
     ref, scale = _reference_state(view, states)
     rhs = _Rhs(flat, names, ref)
+    batch = _Batch.of(rhs, flat, names) if group_columns else None
     if lo is not None and hi is not None:     # both or neither (checked above)
         rep.sampling = f"uniform in [{lo:g}, {hi:g}]"
         scale = np.full(n, max(abs(lo), abs(hi), 1e-300))
@@ -607,15 +700,21 @@ def _fd_check(source, model, points, seed, rtol, atol, lo, hi, prog: Task,
             steps = _steps(y, scale)
             F = h = None
             tried = False
-            if group_columns:
+            terms0 = np.abs(f0) + np.abs(np.where(np.isfinite(J), J, 0.0)) @ np.abs(y)
+            if batch is not None:
+                F, h, calls = batch.differences(rhs, y, t, steps, f0, _NOISE * _EPS * terms0)
+                rep.rhs_calls += calls
+                if F is not None:
+                    rep.batched_points += 1
+                    prog.update(n)
+            if F is None and group_columns:
                 if U is None or not np.array_equal(U, P | structure):
                     U = P | structure
                     groups = _column_groups(U)
                     sizes = U.sum(axis=1)
-            if group_columns and len(groups) < n:      # (a group per column saves nothing)
+            if F is None and group_columns and len(groups) < n:      # (a group per column saves nothing)
                 rep.groups = max(rep.groups, len(groups))
                 tried = True
-                terms0 = np.abs(f0) + np.abs(np.where(np.isfinite(J), J, 0.0)) @ np.abs(y)
                 F, h, calls = _grouped_differences(rhs, y, t, steps, groups, U, terms0, sizes,
                                                    atol, np.random.default_rng([seed, k]), prog)
                 rep.rhs_calls += calls
