@@ -232,6 +232,8 @@ class _Batch:
     def __init__(self, rhs: "_Rhs", flat, names: list):
         from earthsci_ast.numpy_interpreter import EvalContext, eval_expr
         b = rhs._build
+        if b is None:
+            raise ValueError("no reusable right-hand side build")
         self._eval, self._ctx = eval_expr, EvalContext
         self._b, self._flat, self._names = b, flat, names
         pos = {nm: i for i, nm in enumerate(names)}
@@ -242,7 +244,7 @@ class _Batch:
                     or not isinstance(lhs.args[0], str) or lhs.args[0] not in pos:
                 raise ValueError("not a scalar D(state) equation")
             eqs.append((pos[lhs.args[0]], e.rhs))
-        if len({i for i, _ in eqs}) != len(eqs) or b is None or b.varying_observed \
+        if len({i for i, _ in eqs}) != len(eqs) or b.varying_observed \
                 or any(tuple(b.shapes.get(nm, ())) != () for nm in names):
             raise ValueError("not a scalar box")
         self._eqs = eqs
@@ -734,6 +736,7 @@ def _fd_check(source, model, points, seed, rtol, atol, lo, hi, prog: Task,
                 rep.nonfinite.append(f"the Jacobian entry d {names[i]} / d {names[j]} = {J[i, j]} at "
                                      f"sampled point {k + 1}")
             J = np.where(badJ, 0.0, J)
+        assert F is not None and h is not None
         terms = np.abs(f0) + np.abs(J) @ np.abs(y)          # size of what each row sums
         floor = _NOISE * _EPS * terms[:, None] / h[None, :]
         mag = np.maximum(np.abs(J), np.abs(F))
