@@ -23,7 +23,8 @@ import numpy as np
 from ..errors import JacError
 from .ssa import Block
 
-__all__ = ["Tape", "encode", "run_tape", "check_tape", "retarget", "TapeBounds", "CHUNK", "OPS", "unary_op"]
+__all__ = ["Tape", "encode", "run_tape", "check_tape", "retarget", "in_store_order", "TapeBounds", "CHUNK", "OPS",
+           "unary_op"]
 
 CHUNK = 256
 OPS = ["const", "hoist", "param", "time", "idx", "lane_u", "lane_f", "store", "storeh",
@@ -226,8 +227,10 @@ def check_tape(code, consts, nreg, bounds: TapeBounds) -> Tape:
 def retarget(tape: Tape, dest) -> Tape | None:
     """``tape`` with store ``k`` writing ``dest[k]`` instead (a plan's slot),
     or None when two stores would land in one slot (then the slot needs a
-    sum: :func:`codegen.tape_program` with ``dest``). Bit-identical to the
-    tape generated with ``dest``: the same instructions, only targets differ."""
+    sum: :func:`codegen.tape_program` with ``dest``), its instructions in
+    slot order (:func:`in_store_order`). Bit-identical to the tape generated
+    with ``dest``: the same instructions on the same operands; only the
+    targets, the order and the register numbers differ."""
     dest = np.asarray(dest, dtype=np.int64)
     code = tape.code.copy()
     st = code[:, 0] == _OPC["store"]
@@ -237,8 +240,105 @@ def retarget(tape: Tape, dest) -> Tape | None:
     if np.unique(dest).shape[0] != dest.shape[0]:
         return None
     code[st, 2] = dest[tgt]
+    ordered = in_store_order(code)
+    if ordered is not None:
+        code, nreg = ordered
+    else:
+        nreg = tape.nreg
     code.setflags(write=False)
-    return Tape(code, tape.consts, tape.nreg)
+    return Tape(code, tape.consts, nreg)
+
+
+#: Instructions that read no register (their operand is an index).
+_LEAF = [_OPC[o] for o in ("const", "hoist", "param", "time", "idx", "lane_u", "lane_f")]
+
+
+def in_store_order(code: np.ndarray) -> tuple | None:
+    """``(code, nreg)``: the instructions of ``code`` (a body tape's rows)
+    re-ordered so that its stores come in increasing target order, each
+    value computed when the first store that needs it is due, and the
+    registers allocated again (linear scan, as :func:`encode`); None when
+    the tape has an instruction this pass does not know the operands of.
+    Every value is the same instruction on the same operand values, so the
+    bits are those of ``code``. Why: a tiled plan's slot ``a`` of a tile is
+    ``W`` lanes at ``a*W`` in a block of ``P*W`` values per tile, so stores
+    in the SSA order (species by species) land in random places of a block
+    far larger than a cache (GEOS-Chem: 3,849 slots, 492 kB per tile of 16
+    lanes, 16 tiles per 256-lane chunk) and each misses; in slot order each
+    tile is written front to back, a stream the prefetcher follows
+    (GEOS-Chem fullchem kinetics at 2,000 cells: 27.5 -> 19 ms per call)."""
+    n = code.shape[0]
+    o = code[:, 0]
+    if not np.isin(o, _LEAF + _REG1 + _REG2 + [_OPC["store"], _OPC["select"]]).all():
+        return None
+    rows = code.tolist()
+    cur: dict = {}                      # register -> the row now holding its value
+    args: list = [()] * n               # row -> the rows whose values it reads
+    stores: list = []                   # (target, value row, store row)
+    one, two, sel, store = set(_REG1), set(_REG2), _OPC["select"], _OPC["store"]
+    for i, (op, d, a, b, c) in enumerate(rows):
+        if op == store:
+            stores.append((a, cur[d], i))
+            continue
+        if op in one:
+            args[i] = (cur[a],)
+        elif op in two:
+            args[i] = (cur[a], cur[b])
+        elif op == sel:
+            args[i] = (cur[a], cur[b], cur[c])
+        cur[d] = i
+    if not stores:
+        return None
+    stores.sort()                       # by target; equal targets keep their order
+    done = [False] * n
+    order: list = []                    # value rows; a store row k as ~k after its value
+    for _, v, si in stores:
+        stack = [(v, 0)]
+        while stack:                    # its operands first, depth first
+            x, k = stack.pop()
+            if done[x]:
+                continue
+            ax = args[x]
+            while k < len(ax) and done[ax[k]]:
+                k += 1
+            if k < len(ax):
+                stack.append((x, k + 1))
+                stack.append((ax[k], 0))
+                continue
+            done[x] = True
+            order.append(x)
+        order.append(~si)
+    value_of = {si: v for _, v, si in stores}
+    last: dict = {}                     # value row -> position of its last reader
+    for pos, x in enumerate(order):
+        for a in (args[x] if x >= 0 else (value_of[~x],)):
+            last[a] = pos
+    reg: dict = {}
+    free: list = []
+    nreg = 0
+    out = []
+    for pos, x in enumerate(order):
+        if x < 0:
+            v = value_of[~x]
+            out.append((store, reg[v], rows[~x][2], -1, -1))
+            if last[v] == pos:
+                free.append(reg[v])
+            continue
+        ax = args[x]
+        srcs = [reg[a] for a in ax]
+        for a in set(ax):               # operands dying here
+            if last[a] == pos:
+                free.append(reg[a])
+        if free:
+            d = free.pop()
+        else:
+            d = nreg
+            nreg += 1
+        reg[x] = d
+        op, _, a, b, c = rows[x]
+        s3 = srcs + [-1, -1, -1]
+        out.append((op, d, a, b, c) if not ax else (op, d, s3[0], s3[1], s3[2]))
+    return np.array(out, dtype=np.int64).reshape(-1, 5), max(nreg, 1)
 
 
 def _operands(op: str, args: tuple) -> tuple:
@@ -332,6 +432,7 @@ def _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, 
                             out[zb + nb.uint64(k)] = 0.0
     # whole tiles in this chunk: stores go tile by tile, W contiguous lanes
     whole = W > 0 and l0 % W == 0 and m % W == 0
+    inside = l0 + m <= L             # no padding lane in this chunk: lane reads need no clamp
     for i in range(code.shape[0]):
         o = code[i, 0]
         d = code[i, 1]
@@ -357,11 +458,21 @@ def _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, 
             for j in range(m):
                 R[d, j] = cix[a * L + min(l0 + j, L - 1)]
         elif o == 5:
-            for j in range(m):
-                R[d, j] = u[a * L + min(l0 + j, L - 1)]
+            if inside:                   # a plain copy (vectorised), no clamp
+                ub = a * L + l0
+                for j in range(m):
+                    R[d, j] = u[ub + j]
+            else:
+                for j in range(m):
+                    R[d, j] = u[a * L + min(l0 + j, L - 1)]
         elif o == 6:
-            for j in range(m):
-                R[d, j] = f[a * L + min(l0 + j, L - 1)]
+            if inside:
+                ub = a * L + l0
+                for j in range(m):
+                    R[d, j] = f[ub + j]
+            else:
+                for j in range(m):
+                    R[d, j] = f[a * L + min(l0 + j, L - 1)]
         elif o == 7:
             if W == 0:
                 for j in range(m):
