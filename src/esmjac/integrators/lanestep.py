@@ -22,7 +22,7 @@ consecutive rejections, whose iteration matrix stays singular or whose
 values turn non-finite stops at its last accepted state with its status
 set; every other lane carries on untouched.
 
-A singularity is never crossed silently (:func:`_guard`, before a step is
+A singularity is never crossed silently (:func:`_err_guard`, before a step is
 accepted): a linearly implicit step stays finite across a pole, so ``u' =
 u²`` from ``u = 1`` would step over ``t = 1`` onto the negative branch with
 a small error estimate. A step that passes the error test is refused, and
@@ -191,37 +191,6 @@ def _combine(Y, K, idx, val, perm, m, out):
 
 
 @numba.njit(**_JIT)
-def _err_lanes(Y, Ynew, K, idx, val, atol, rtol, iperm, m, err, eb):
-    """err[l] = RMS_s(e_s / (atol_s + rtol·max(|y_s|, |ynew_s|))), e = Σ val K[idx];
-    species summed in natural order; non-finite → inf. ``eb``: scratch of
-    ``m`` values (one species' e at a time, so every loop runs over lanes
-    with unit stride; each lane's operations and their order are those of
-    the scalar formula)."""
-    n = iperm.shape[0]
-    e = eb[:m]
-    for l in range(m):
-        err[l] = 0.0
-    for s in range(n):
-        ko = iperm[s] * m
-        y = Y[s * m:(s + 1) * m]
-        yn = Ynew[s * m:(s + 1) * m]
-        a = atol[s]
-        for l in range(m):
-            e[l] = 0.0
-        for p in range(idx.shape[0]):
-            kp = K[idx[p], ko:ko + m]
-            v = val[p]
-            for l in range(m):
-                e[l] += v * kp[l]
-        for l in range(m):
-            r = e[l] / (a + rtol * max(abs(y[l]), abs(yn[l])))
-            err[l] += r * r
-    for l in range(m):
-        v = math.sqrt(err[l] / n)
-        err[l] = v if v == v and v < np.inf else np.inf
-
-
-@numba.njit(**_JIT)
 def _shared_max(err, m):
     v = 0.0
     for l in range(m):
@@ -374,39 +343,95 @@ def _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl,
 
 
 @numba.njit(**_JIT)
-def _guard(Y, Ynew, F0, n, m, err, bad, done, max_abs, nonneg, atol, idx, st_status, st_h, st_t, t, hs):
-    """Fail (status 6/7/8, see the module docstring) every lane whose step
+def _err_guard(Y, Ynew, F0, K, idx, val, atol, rtol, iperm, n, m, err, eb, code, max_abs, nonneg):
+    """Every lane's error norm and singularity-guard code in one pass over
+    the species (species outer, lanes inner: unit stride).
+
+    ``err[l] = RMS_s(e_s / (atol_s + rtol·max(|y_s|, |ynew_s|)))``, ``e = Σ
+    val K[idx]``, species summed in natural order, non-finite → inf (each
+    lane's operations and their order are those of the scalar formula; ``eb``
+    is scratch for one species' ``e``).
+
+    ``code[l]`` is 0, or 6/7/8 for the first species (in natural order) that
+    crosses a pole, grows past ``max_abs`` or (``nonneg``) turns negative —
+    the first hit of the per-lane scan this replaces, so the same lanes fail
+    with the same codes. A sign change counts as a pole crossing only when
+    the new value is above the species' ``atol`` (a round-off overshoot to a
+    tiny negative concentration is not one)."""
+    e = eb[:m]
+    for l in range(m):
+        err[l] = 0.0
+        code[l] = 0
+    for s in range(n):
+        ko = iperm[s] * m
+        y = Y[s * m:(s + 1) * m]
+        yn = Ynew[s * m:(s + 1) * m]
+        f0 = F0[s * m:(s + 1) * m]
+        a = atol[s]
+        for l in range(m):
+            e[l] = 0.0
+        for p in range(idx.shape[0]):
+            kp = K[idx[p], ko:ko + m]
+            v = val[p]
+            for l in range(m):
+                e[l] += v * kp[l]
+        for l in range(m):
+            # branch-free (selects), so the lane loop vectorises
+            yl, ynl, fl = y[l], yn[l], f0[l]
+            r = e[l] / (a + rtol * max(abs(yl), abs(ynl)))
+            err[l] += r * r
+            pole = (((yl > 0.0) & (ynl < 0.0) & (fl > 0.0)) | ((yl < 0.0) & (ynl > 0.0) & (fl < 0.0))) \
+                & (abs(ynl) > a)
+            hit = 6 if pole else (7 if abs(ynl) > max_abs else (8 if nonneg & (ynl < 0.0) else 0))
+            c = code[l]
+            code[l] = c if c != 0 else hit
+    for l in range(m):
+        v = math.sqrt(err[l] / n)
+        err[l] = v if v == v and v < np.inf else np.inf
+
+
+@numba.njit(**_JIT)
+def _apply_guard(code, m, err, bad, done, idx, st_status, st_h, st_t, t, hs):
+    """Fail (status ``code[l]``, see the module docstring) every lane whose step
     would be accepted (``err <= 1``, factorization regular) but crosses a
-    singularity; returns how many. The lane keeps its last accepted state.
-    A sign change counts as a pole crossing only when the new value is
-    above the species' ``atol`` (a round-off overshoot to a tiny negative
-    concentration is not one)."""
+    singularity; returns how many. The lane keeps its last accepted state."""
     nfail = 0
     for l in range(m):
-        if done[l] != 0 or bad[l] >= 0 or not err[l] <= 1.0:
+        if done[l] != 0 or bad[l] >= 0 or not err[l] <= 1.0 or code[l] == 0:
             continue
-        code = 0
-        for s in range(n):
-            y = Y[s * m + l]
-            yn = Ynew[s * m + l]
-            if ((y > 0.0 and yn < 0.0 and F0[s * m + l] > 0.0) or (y < 0.0 and yn > 0.0 and F0[s * m + l] < 0.0)) \
-                    and abs(yn) > atol[s]:
-                code = 6
-                break
-            if abs(yn) > max_abs:
-                code = 7
-                break
-            if nonneg and yn < 0.0:
-                code = 8
-                break
-        if code != 0:
-            g = idx[l]
-            st_status[g] = code
-            st_h[g] = hs[l]
-            st_t[g] = t[l]
-            done[l] = 1
-            nfail += 1
+        g = idx[l]
+        st_status[g] = code[l]
+        st_h[g] = hs[l]
+        st_t[g] = t[l]
+        done[l] = 1
+        nfail += 1
     return nfail
+
+
+@numba.njit(**_JIT)
+def _check_step(Y, Ynew, F0, K, eidx, eval_, atol, rtol, iperm, n, m, err, eb, code, max_abs, nonneg,
+                shared, bad, done, idx, st_status, st_h, st_t, t, hs):
+    """The attempt's error norms (maximised over lanes for a shared step) and
+    its singularity guards (:func:`_err_guard`, :func:`_apply_guard`);
+    returns how many lanes the guards failed."""
+    _err_guard(Y, Ynew, F0, K, eidx, eval_, atol, rtol, iperm, n, m, err, eb, code, max_abs, nonneg)
+    if shared:
+        _shared_max(err, m)
+    return _apply_guard(code, m, err, bad, done, idx, st_status, st_h, st_t, t, hs)
+
+
+@numba.njit(**_JIT)
+def _finish(Y, Ynew, F0, K, eidx, eval_, atol, rtol, iperm, n, m, err, eb, code, max_abs, nonneg,
+            shared, bad, done, idx, t, hs, J, nnz, W, last, h, tend, span, rl, rm, crej, nonfin,
+            elo, max_steps, max_rejects, clip, nfev_step, newj, newlu,
+            st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_ndec, st_h, st_t, acc):
+    """The end of an attempt in one compiled call: :func:`_check_step`, then
+    :func:`_control`; returns how many lanes finished (guards included)."""
+    nguard = _check_step(Y, Ynew, F0, K, eidx, eval_, atol, rtol, iperm, n, m, err, eb, code, max_abs,
+                         nonneg, shared, bad, done, idx, st_status, st_h, st_t, t, hs)
+    return nguard + _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl, rm, crej,
+                             nonfin, done, idx, elo, max_steps, max_rejects, clip, nfev_step, newj, newlu,
+                             st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_ndec, st_h, st_t, acc)
 
 
 @numba.njit(**_JIT)
@@ -677,13 +702,14 @@ class LaneStepper:
         self.t, self.h, self.hs = np.empty(C, f64), np.empty(C, f64), np.empty(C, f64)
         self.tst = np.empty(C, f64)
         self.err = np.empty(C, f64)
-        self.eb = np.empty(C, f64)                  # _err_lanes' one-species scratch
+        self.eb = np.empty(C, f64)                  # _err_guard's one-species scratch
         self.ch = np.empty(S * C, f64)              # _stage_rhs' c/h factors
         self.bad = np.empty(C, i64)
         self.last, self.rl, self.rm = np.empty(C, i8), np.empty(C, i8), np.empty(C, i8)
         self.crej = np.empty(C, i64)
         self.nonfin, self.done = np.empty(C, i8), np.empty(C, i8)
         self.acc = np.empty(C, i8)                  # _control's accepted-lane flags
+        self.gcode = np.empty(C, i8)                # _err_guard's per-lane guard codes
         self.newj, self.newlu = np.ones(C, i8), np.ones(C, i8)     # this attempt's new J / LU
         if reuse is not None:
             self.jage, self.hlu = np.empty(C, i64), np.empty(C, f64)
@@ -710,7 +736,7 @@ class LaneStepper:
                 self._next.append((*self.m_nz, self.Ynew, False))
         self.nf_stage = sum(1 for i in range(S) if tab.newf[i])
         self.fops, self.sops = lu.factor_ops(), lu.solve_ops()
-        #: Singularity guards (:func:`_guard`): |u| bound, and whether a
+        #: Singularity guards (:func:`_err_guard`): |u| bound, and whether a
         #: negative value fails the lane (the leaf sets both).
         self.max_abs, self.nonnegative = math.inf, False
 
@@ -851,12 +877,18 @@ class LaneStepper:
                 _stage_solve(Fi, K, i, ci, cv, hs, tab.gsum[i] if nonauto else 0.0, self.dfdt,
                              self.perm, m, self.ch, self.Wm, lu.nnz, WA, CHUNK, *self.sops,
                              Y, nx, nv, no, comb)
-            _err_lanes(Y, Ynew, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, m, self.err, self.eb)
-            if self.shared:
-                _shared_max(self.err, m)
-            nguard = _guard(Y, Ynew, F0, n, m, self.err, self.bad, self.done, float(self.max_abs),
-                            bool(self.nonnegative and not clip), atol, idx, st.status, st.h, st.t, t, hs)
-            if record is not None:
+            mx, nonneg = float(self.max_abs), bool(self.nonnegative and not clip)
+            if record is None:
+                ndone = _finish(Y, Ynew, F0, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, n, m,
+                                self.err, self.eb, self.gcode, mx, nonneg, self.shared, self.bad, self.done, idx,
+                                t, hs, self.J, lu.nnz, W, self.last, h, tend, span, self.rl, self.rm, self.crej,
+                                self.nonfin, tab.elo, max_steps, max_rejects, clip, nfev_step, self.newj,
+                                self.newlu, st.status, st.nsteps, st.naccept, st.nreject, st.nfev, st.njev,
+                                st.ndec, st.h, st.t, self.acc)
+            else:
+                ndone = _check_step(Y, Ynew, F0, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, n, m,
+                                    self.err, self.eb, self.gcode, mx, nonneg, self.shared, self.bad, self.done,
+                                    idx, st.status, st.h, st.t, t, hs)
                 acc = np.flatnonzero((self.bad[:m] < 0) & (self.err[:m] <= 1.0) & (self.done[:m] == 0))
                 if acc.size:
                     # fresh: the lane's Jacobian was evaluated at this step's state
@@ -864,14 +896,13 @@ class LaneStepper:
                              (self.newj[acc] != 0) | (self.jage[acc] == 0))
                     record.append((idx[acc].copy(), Y[:n * m].reshape(n, m)[:, acc].copy(), hs[acc].copy(),
                                    fresh))
-            ndone = _control(Y, Ynew, n, m, self.err, self.bad, self.J, lu.nnz, W, hs, self.last, t, h, tend, span,
-                             self.rl, self.rm, self.crej, self.nonfin, self.done, idx, tab.elo,
-                             max_steps, max_rejects, clip, nfev_step, self.newj, self.newlu,
-                             st.status, st.nsteps, st.naccept, st.nreject, st.nfev, st.njev, st.ndec,
-                             st.h, st.t, self.acc)
+                ndone += _control(Y, Ynew, n, m, self.err, self.bad, self.J, lu.nnz, W, hs, self.last, t, h,
+                                  tend, span, self.rl, self.rm, self.crej, self.nonfin, self.done, idx, tab.elo,
+                                  max_steps, max_rejects, clip, nfev_step, self.newj, self.newlu,
+                                  st.status, st.nsteps, st.naccept, st.nreject, st.nfev, st.njev, st.ndec,
+                                  st.h, st.t, self.acc)
             if reuse is not None:
                 _aged(self.acc, self.newj, m, self.jage)
-            ndone += nguard
             if ndone == 0:
                 continue
             if not self.compact:
