@@ -252,15 +252,25 @@ def test_lane_blocks_and_lu_tiles_do_not_change_a_bit(monkeypatch):
     assert s0.success and np.any(v0 != u)
     n0 = s0.nsteps.copy()
     tiled = rosenbrock(doc, rtol=1e-4, threads=1)
+    # the W-method keeps Jacobians and LUs between attempts: a block must not
+    # see the previous block's (one stepper per thread serves its blocks in turn)
+    wm = rosenbrock(doc, rtol=1e-4, threads=1, method="ros34pw2")
+    w0 = u.copy()
+    sw = wm.advance(w0, 0.0, DT, forcing=fj)
+    assert sw.success and int(sw.njev.sum()) < int(sw.naccept.sum())       # it did reuse
+    nw = sw.nsteps.copy()
     for blocks, threads in ((_leaf.BLOCK_LANES, 1), (100, 1), (100, 2)):
         monkeypatch.setattr(_leaf, "BLOCK_LANES", blocks)
-        for leaf in (tiled, ref):
+        for leaf, vref, nref in ((tiled, v0, n0), (ref, v0, n0), (wm, w0, nw)):
             leaf._scratch.clear()
             leaf.threads = threads
             v = u.copy()
             st = leaf.advance(v, 0.0, DT, forcing=fj)
-            assert np.array_equal(v, v0), (blocks, threads, leaf.tile)
-            assert np.array_equal(st.nsteps, n0)
+            assert np.array_equal(v, vref), (blocks, threads, leaf.tile)
+            assert np.array_equal(st.nsteps, nref)
+            # scratch per worker thread, not per block: it does not grow with the grid
+            (blk, steppers, *_), = leaf._scratch.values()
+            assert len(steppers) == threads and (blocks > L or len(blk) > threads), (len(steppers), len(blk))
 
 
 def _with_explicit_t(doc):
