@@ -258,7 +258,7 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
     if not st.success:
         raise RuntimeError(f"{label}: {st.message}")
     final = v.copy()
-    res = {"route": label, "cells": L, "species": n, "build_cpu_s": build, "cpu": [], "load": [],
+    res = {"route": label, "rtol": rtol, "cells": L, "species": n, "build_cpu_s": build, "cpu": [], "load": [],
            "attempts": int(st.nsteps.sum()), "accepted": int(st.naccept.sum()),
            "rejected": int(st.nreject.sum()), "njev": int(st.njev.sum()), "nfev": int(st.nfev.sum()),
            "ndec": int(st.ndec.sum()) if hasattr(st, "ndec") else None,
@@ -431,7 +431,22 @@ ROUTES = {
                              {"precision": "mixed", "_poly": False}),
     # not in the default list (not run for RESULTS.md yet): the W-method with per-lane reuse
     "hoisted-w": ("leaf ROS34PW2 (W-method, per-lane J/LU reuse), rates hoisted", True, {"method": "ros34pw2"}),
+    "published-w": ("leaf ROS34PW2 (W-method, per-lane J/LU reuse), the published document", False,
+                    {"method": "ros34pw2"}),
+    "published-w-age2": ("leaf ROS34PW2 (W-method, max_jac_age=2), the published document", False,
+                         {"method": "ros34pw2", "max_jac_age": 2}),
 }
+
+
+def route_spec(spec: str, rtol: float) -> tuple:
+    """``key`` or ``key@rtol`` (a route at its own rtol, e.g. a W-method at the
+    tolerance that matches Rodas3's error) → (key, label, hoisted, kw, rtol)."""
+    key, _, rt = spec.partition("@")
+    label, hz, kw = ROUTES[key]
+    if rt:
+        rtol = float(rt)
+        label = f"{label}, rtol {rt}"
+    return key, label, hz, dict(kw), rtol
 
 
 class _block_bytes:
@@ -495,7 +510,7 @@ def main(argv=None):
     ap.add_argument("--cvode-cells", type=int, default=64)
     ap.add_argument("--no-trace", action="store_true")
     ap.add_argument("--routes", default="published,published-mixed,published-nohoist",
-                    help="comma list of " + ", ".join(ROUTES))
+                    help="comma list of " + ", ".join(ROUTES) + " (key@RTOL: that route at its own rtol)")
     ap.add_argument("--trace-max", type=int, default=10000, help="time the parts up to this many cells")
     ap.add_argument("--ref-cache", default=os.path.join(os.environ.get("ESMJAC_CACHE_DIR", "/tmp"), "bench-ref"))
     ap.add_argument("--out", default="")
@@ -512,11 +527,10 @@ def main(argv=None):
         F, U, _ = conditions(doc, names, L)
         idx = np.unique(np.linspace(0, L - 1, a.ref_cells).round().astype(int))
         finals = []
-        for key in a.routes.split(","):
-            label, hz, kw = ROUTES[key]
-            kw = dict(kw)
+        for spec in a.routes.split(","):
+            key, label, hz, kw, rtol = route_spec(spec, a.rtol)
             with _block_bytes(kw.pop("_block_bytes", None)), _poly(kw.pop("_poly", None)):
-                obj, r, (u0, fz, fin) = bench_leaf(doc, L, a.reps, a.rtol, out, label=label,
+                obj, r, (u0, fz, fin) = bench_leaf(doc, L, a.reps, rtol, out, label=label,
                                                    trace=not a.no_trace and L <= a.trace_max, hoisted=hz,
                                                    leaf_kw=kw)
             finals.append((r, fin, np.asarray(obj.atol)))
