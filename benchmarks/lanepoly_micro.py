@@ -2,7 +2,7 @@
 (esmjac.integrators.lanepoly.run_poly) against the lane tape
 (esmjac.integrators.lanetape.run_fused), per lane per call.
 
-    python benchmarks/lanepoly_micro.py [--mech PATH] [--lanes 64] [--calls 200]
+    python benchmarks/lanepoly_micro.py [--mech PATH] [--lanes 64] [--calls 200] [--leaf-cells 1000 --rounds 4]
 
 Both kernels run on the same hoisted inputs (plausible per-cell conditions
 from benchmarks/realworkload.py, the leaf's own lane prologue), one thread,
@@ -12,6 +12,11 @@ kernel against the tape to 1e-13 of the sum of the terms' magnitudes (the
 kernel's expanded sums round differently), and the NaN pattern must agree.
 Also reported: the expansion's CPU time at build (:func:`lanepoly.expand`
 on both bodies), monomials and terms against the tape's instructions.
+
+``--leaf-cells N``: then the whole leaf on N cells, one 20-minute advance,
+the two kernels in two leaves of one process (``bound.POLY`` on / off at
+their first advance), advances alternating, the order swapped every round;
+µs per cell-step (CPU), results compared (within 1e-6 of the tolerance).
 """
 from __future__ import annotations
 
@@ -44,6 +49,8 @@ def main(argv=None):
     ap.add_argument("--mech", default=os.environ.get("ESMJAC_GC_MECH", DEFAULT_MECH))
     ap.add_argument("--lanes", type=int, default=64)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--leaf-cells", type=int, default=0)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     if not Path(a.mech).exists():
@@ -120,12 +127,62 @@ def main(argv=None):
                      "poly_us_per_lane_best": min(tb) * us, "poly_us_per_lane_median": statistics.median(tb) * us,
                      "speedup_best": min(ta) / min(tb), "speedup_median": statistics.median(ta) / statistics.median(tb)}
         print(name, json.dumps(res[name]), file=sys.stderr, flush=True)
+    if a.leaf_cells:
+        res["leaf"] = _leaf_ab(doc, a.leaf_cells, a.rounds)
+        print("leaf", json.dumps(res["leaf"]), file=sys.stderr, flush=True)
     res["load_end"] = round(os.getloadavg()[0], 2)
     txt = json.dumps(res, indent=1)
     if a.out:
         Path(a.out).write_text(txt)
     print(txt)
     return 0
+
+
+def _leaf_ab(doc, L: int, rounds: int) -> dict:
+    """The leaf on ``L`` cells with the bodies on the kernel and on the tape,
+    interleaved (module docstring)."""
+    from realworkload import DT, cell_parameters, conditions, lifted
+
+    from esmjac.adapters.native import rosenbrock
+    from esmjac.integrators import bound
+    F, U, _ = conditions(doc, cell_parameters(doc), L)
+    u0, fz = np.ascontiguousarray(U.reshape(-1)), np.ascontiguousarray(F.reshape(-1))
+    leaves, finals = {}, {}
+    old = bound.POLY
+    try:
+        for key, flag in (("poly", True), ("tape", False)):
+            bound.POLY = flag
+            lf = rosenbrock(lifted(doc, 1), rtol=1e-3, threads=1, options={"progress": False})
+            v = u0.copy()
+            st = lf.advance(v, 0.0, DT, forcing=fz)         # binds the kernels (scratch for L lanes)
+            if not st.success:
+                raise SystemExit(f"leaf ({key}) failed: {st.message}")
+            leaves[key], finals[key] = (lf, int(st.nsteps.sum())), v
+    finally:
+        bound.POLY = old
+    tol = np.repeat(np.asarray(leaves["tape"][0].atol), L) + 1e-3 * np.abs(finals["tape"])
+    diff = float(np.max(np.abs(finals["poly"] - finals["tape"]) / tol))
+    if diff > 1e-6:
+        raise SystemExit(f"leaf: kernel and tape differ by {diff:.3g} of the tolerance")
+    cpu: dict = {"poly": [], "tape": []}
+    loads = []
+    for r in range(rounds):
+        for key in (("poly", "tape") if r % 2 == 0 else ("tape", "poly")):
+            lf, _ = leaves[key]
+            v = u0.copy()
+            loads.append(round(os.getloadavg()[0], 2))
+            t0 = time.thread_time()
+            lf.advance(v, 0.0, DT, forcing=fz)
+            cpu[key].append(time.thread_time() - t0)
+            if not np.array_equal(v, finals[key]):
+                raise SystemExit(f"leaf ({key}) not deterministic run to run")
+    out = {"cells": L, "rounds": rounds, "loads": loads, "max_diff_in_tolerances": diff}
+    for key, (_, att) in leaves.items():
+        out[key] = {"attempts": att, "us_per_cell_step": [c / att * 1e6 for c in cpu[key]],
+                    "best": min(cpu[key]) / att * 1e6, "median": statistics.median(cpu[key]) / att * 1e6}
+    out["speedup_best"] = out["tape"]["best"] / out["poly"]["best"]
+    out["speedup_median"] = out["tape"]["median"] / out["poly"]["median"]
+    return out
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ machine, data-driven by read-only int32 / float64 arrays (nothing
 compiled per mechanism). Per block of :data:`BLOCK` lanes (whole tiles of
 the Jacobian's plan) it computes every monomial's row — lanes innermost,
 no register file, no copies — then each output's terms summed in a fixed
-order and stored once. Measured on GEOS-Chem fullchem (64 lanes): the
+order and stored once (up to four terms per pass over the lanes, added left to
+right: the bits of one term per pass). Measured on GEOS-Chem fullchem (64 lanes): the
 output-major form beat computing each monomial and scattering it at once
 (read-modify-write of the outputs, 2.5× slower on the Jacobian), and
 blocks of 64 lanes beat 16 or 32 (``benchmarks/RESULTS.md``). Every lane
@@ -307,6 +308,93 @@ def _factor_row(kind, idx, u, f, h, p, L, l0, r, m, first):
                 rr[j] = rr[j] / c
 
 
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _rows_only(fkind, a0, a1):
+    """Whether factors ``a0..a1-1`` all multiply by a state or field row."""
+    for q in range(a0, a1):
+        if fkind[q] > 1:
+            return False
+    return True
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _row(kind, idx, u, f, L, l0, m):
+    """The block's slice of state row (kind 0) or field row (kind 1) ``idx``."""
+    o = idx * L + l0
+    return u[o:o + m] if kind == 0 else f[o:o + m]
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _sum_terms(M, omono, ocoef, e0, e1, a, jb, m):
+    """a[:m] = Σ ocoef[e]·M[omono[e], jb:jb+m] over e0..e1-1, added left to right
+    (0 when empty). Up to four terms per pass over the lanes: ``a + t1 + t2``
+    is ``(a + t1) + t2``, the bits of one term per pass, with fewer loads and
+    stores of ``a``."""
+    n = e1 - e0
+    if n == 0:
+        for j in range(m):
+            a[j] = 0.0
+        return
+    e = e0
+    c0 = ocoef[e]
+    x0 = M[omono[e], jb:jb + m]
+    if n == 1:
+        for j in range(m):
+            a[j] = c0 * x0[j]
+        return
+    c1 = ocoef[e + 1]
+    x1 = M[omono[e + 1], jb:jb + m]
+    if n == 2:
+        for j in range(m):
+            a[j] = c0 * x0[j] + c1 * x1[j]
+        return
+    c2 = ocoef[e + 2]
+    x2 = M[omono[e + 2], jb:jb + m]
+    if n == 3:
+        for j in range(m):
+            a[j] = c0 * x0[j] + c1 * x1[j] + c2 * x2[j]
+        return
+    c3 = ocoef[e + 3]
+    x3 = M[omono[e + 3], jb:jb + m]
+    for j in range(m):
+        a[j] = c0 * x0[j] + c1 * x1[j] + c2 * x2[j] + c3 * x3[j]
+    e += 4
+    while e1 - e >= 4:
+        c0 = ocoef[e]
+        x0 = M[omono[e], jb:jb + m]
+        c1 = ocoef[e + 1]
+        x1 = M[omono[e + 1], jb:jb + m]
+        c2 = ocoef[e + 2]
+        x2 = M[omono[e + 2], jb:jb + m]
+        c3 = ocoef[e + 3]
+        x3 = M[omono[e + 3], jb:jb + m]
+        for j in range(m):
+            a[j] = a[j] + c0 * x0[j] + c1 * x1[j] + c2 * x2[j] + c3 * x3[j]
+        e += 4
+    r = e1 - e
+    if r == 3:
+        c0 = ocoef[e]
+        x0 = M[omono[e], jb:jb + m]
+        c1 = ocoef[e + 1]
+        x1 = M[omono[e + 1], jb:jb + m]
+        c2 = ocoef[e + 2]
+        x2 = M[omono[e + 2], jb:jb + m]
+        for j in range(m):
+            a[j] = a[j] + c0 * x0[j] + c1 * x1[j] + c2 * x2[j]
+    elif r == 2:
+        c0 = ocoef[e]
+        x0 = M[omono[e], jb:jb + m]
+        c1 = ocoef[e + 1]
+        x1 = M[omono[e + 1], jb:jb + m]
+        for j in range(m):
+            a[j] = a[j] + c0 * x0[j] + c1 * x1[j]
+    elif r == 1:
+        c0 = ocoef[e]
+        x0 = M[omono[e], jb:jb + m]
+        for j in range(m):
+            a[j] = a[j] + c0 * x0[j]
+
+
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L, W, P, C, zslots, B, scratch):
     """Evaluate a :class:`PolyBody` for lanes ``0..L-1`` (inputs ``u``, ``f``
@@ -336,42 +424,44 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
             a0 = fptr[i]
             a1 = fptr[i + 1]
             r = M[i]
-            if a1 == a0:
+            nf = a1 - a0
+            if nf == 0:
                 for j in range(m):
                     r[j] = 1.0
-            for q in range(a0, a1):
-                _factor_row(fkind[q], fidx[q], u, f, h, p, L, l0, r, m, q == a0)
-        for k in range(targets.shape[0]):
-            e0 = optr[k]
-            e1 = optr[k + 1]
-            a = acc[:m]
-            if e1 == e0:
-                for j in range(m):
-                    a[j] = 0.0
-            else:
-                x = M[omono[e0]]
-                c = ocoef[e0]
-                for j in range(m):
-                    a[j] = c * x[j]
-                for e in range(e0 + 1, e1):
-                    x = M[omono[e]]
-                    c = ocoef[e]
+            elif nf <= 3 and _rows_only(fkind, a0, a1):     # one pass over the lanes
+                x0 = _row(fkind[a0], fidx[a0], u, f, L, l0, m)
+                if nf == 1:
                     for j in range(m):
-                        a[j] = a[j] + c * x[j]
-            t = targets[k]
-            if W == 0:
-                o = out[t * L + l0:t * L + l0 + m]
-                for j in range(m):
-                    o[j] = a[j]
+                        r[j] = x0[j]
+                elif nf == 2:
+                    x1 = _row(fkind[a0 + 1], fidx[a0 + 1], u, f, L, l0, m)
+                    for j in range(m):
+                        r[j] = x0[j] * x1[j]
+                else:
+                    x1 = _row(fkind[a0 + 1], fidx[a0 + 1], u, f, L, l0, m)
+                    x2 = _row(fkind[a0 + 2], fidx[a0 + 2], u, f, L, l0, m)
+                    for j in range(m):
+                        r[j] = x0[j] * x1[j] * x2[j]
             else:
-                for tt in range(ms // W):
+                for q in range(a0, a1):
+                    _factor_row(fkind[q], fidx[q], u, f, h, p, L, l0, r, m, q == a0)
+        if W == 0:
+            for k in range(targets.shape[0]):
+                t = targets[k]
+                _sum_terms(M, omono, ocoef, optr[k], optr[k + 1], out[t * L + l0:t * L + l0 + m], 0, m)
+        else:
+            a = acc[:m]
+            for k in range(targets.shape[0]):
+                _sum_terms(M, omono, ocoef, optr[k], optr[k + 1], a, 0, m)
+                t = targets[k]
+                for tt in range(ms // W):              # into the block's tiles
                     ob = ((l0 // W + tt) * P + t) * W
                     o = out[ob:ob + W]
                     jb = tt * W
                     if jb + W <= m:
                         for k2 in range(W):
                             o[k2] = acc[jb + k2]
-                    else:
+                    else:                               # padding lanes: lane L-1's value
                         for k2 in range(W):
                             o[k2] = acc[min(jb + k2, m - 1)]
         if W > 0:
