@@ -252,6 +252,21 @@ def test_lanes_positions_and_tiles_give_the_same_bits(leaf13):
     assert np.array_equal(_run(rp, u, fz, hr, lf.p, L, B=3, size=u.size), r64)
 
 
+def test_the_leaf_on_the_kernel_is_bitwise_the_same_for_any_thread_count():
+    # 40 lanes: two threads split them into blocks of 32 and 8 (a partial tile)
+    Lt = 40
+    doc = lift(json.loads(TROPO12.read_text()), Lt)
+    one = rosenbrock(doc, rtol=1e-3, threads=1, per_cell=["T"], options=TAPE)
+    two = rosenbrock(doc, rtol=1e-3, threads=2, per_cell=["T"], options=TAPE)
+    hz = lane_hoist(one, one.plan)
+    assert hz is not None and hz.rhs.poly is not None and hz.jac.poly is not None
+    u, f = _state(one, Lt, 9)
+    v1, v2 = u.copy(), u.copy()
+    s1 = one.advance(v1, 0.0, 1200.0, forcing=f)
+    s2 = two.advance(v2, 0.0, 1200.0, forcing=f)
+    assert s1.success and s2.success and np.array_equal(v1, v2) and s1.totals() == s2.totals()
+
+
 # -- a body that is not polynomial: the tape, same bits as before ---------------
 
 def _nonpoly_doc(L):
