@@ -333,13 +333,11 @@ def _absorb_tail(low, blk, pending, dimpos, limit):
     ``limit`` instructions: the ``(output, values, slot)`` entries when all
     fit, else None with ``blk`` restored (as on entry)."""
     start = len(blk.ins)
-    memo = dict(blk._memo)
     out = []
     for o, i in pending:
         out.append((o, [low.point(blk, e, dimpos) for e in o[1]], i))
         if len(blk.ins) > limit:
-            del blk.ins[start:]
-            blk._memo = memo
+            blk.truncate(start)
             return None
     return out
 
@@ -435,8 +433,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
                         taken.extend(rest)
                         pending.clear()
                         break
-                    del blk.ins[before:]          # does not fit: next chunk
-                    blk._memo = {k: v for k, v in blk._memo.items() if v < before}
+                    blk.truncate(before)          # does not fit: next chunk
                     break
                 taken.append((o, vals, i))
                 pending.pop(0)

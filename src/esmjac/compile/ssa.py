@@ -62,6 +62,13 @@ class Block:
     def __len__(self) -> int:
         return len(self.ins)
 
+    def truncate(self, n: int) -> None:
+        """Forget every instruction from ``n`` on (a lowering tried and
+        withdrawn): value numbers below ``n`` and their memo entries stay,
+        so the block is as it was when it held ``n`` instructions."""
+        del self.ins[n:]
+        self._memo = {k: v for k, v in self._memo.items() if v < n}
+
     def const_of(self, v: int):
         """The literal value of ``v``, or None."""
         op, args = self.ins[v]

@@ -256,6 +256,7 @@ class RosenbrockLeaf:
         self.h0 = None if h0 is None else self._h0(h0)
         self._scratch: dict = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0             # the pool's max_workers (not read from the executor's internals)
         self._lock = threading.Lock()
         self._sens: dict = {}
         self.precision = "double"       # set by rosenbrock(precision=...)
@@ -264,7 +265,7 @@ class RosenbrockLeaf:
         self.model: str | None = None
         self.options: dict | None = None
         self.hoist_rates = True         # set by rosenbrock(hoist_rates=...)
-        self.progress = None            # long calls on stderr (runtime.progress; the build option)
+        self.progress: bool | None = None   # long calls on stderr (runtime.progress; the build option)
 
     @property
     def negative(self) -> str:
@@ -518,10 +519,11 @@ class RosenbrockLeaf:
         return sc
 
     def _executor(self, nthreads: int):
-        if self._pool is None or self._pool._max_workers < nthreads - 1:
+        if self._pool is None or self._pool_size < nthreads - 1:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
-            self._pool = ThreadPoolExecutor(max_workers=max(nthreads - 1, 1),
+            self._pool_size = max(nthreads - 1, 1)
+            self._pool = ThreadPoolExecutor(max_workers=self._pool_size,
                                             thread_name_prefix="esmjac-leaf",
                                             initializer=pin_one_thread)
         return self._pool
@@ -937,6 +939,7 @@ class RosenbrockLeaf:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+            self._pool_size = 0
 
     def __del__(self):
         try:

@@ -100,6 +100,7 @@ class Advanced:
     chunks: tuple                    # cell chunk sizes
     cell_shape: tuple
     _raw: Any = field(default=None, repr=False)
+    _n: int = field(default=0, repr=False)      # rows of _raw that are states (the stats follow)
 
     def chunk_stats(self, compute=None) -> list:
         """One dict per chunk: cells ``[start, stop)``, summed steps,
@@ -118,8 +119,6 @@ class Advanced:
                                       "status": int(s[0, i]), "t": float(s[4, i])} for i in bad]})
             a += w
         return out
-
-    _n: int = 0
 
 
 def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "rodas3", p=None,
@@ -155,8 +154,6 @@ def advance(source, u, t_span, *, rtol: float = 1e-4, atol=None, method: str = "
     stats = {k: raw[n + i] for i, k in enumerate(STAT_ROWS)}
     if inp.kind != "dask":
         stats = {k: _out_rows(inp, v[None, :], "_one", [0]).isel(_one=0, drop=True) for k, v in stats.items()}
-    res = Advanced(unew, stats, tuple(u64.chunks[1]), tuple(m.spec.cell_shape), raw)
-    res._n = n
-    return res
+    return Advanced(unew, stats, tuple(u64.chunks[1]), tuple(m.spec.cell_shape), raw, n)
 
 
