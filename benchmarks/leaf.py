@@ -284,7 +284,7 @@ def _bound_calls(st, call):
     factorisation, then per stage its solve and, where the stage needs a new
     f, its rhs)."""
     from esmjac.integrators.lanestep import lu_tile
-    from esmjac.linalg.sparse_lu import CHUNK, factor_shifted_lanes, solve_lanes
+    from esmjac.linalg.sparse_lu import CHUNK, factor_shifted_rows, solve_lanes
     _, m, y, fz, cix, hs = call
     lu, tab = st.lu, st.tab
     W = m if st.tile is None else st.tile
@@ -297,8 +297,8 @@ def _bound_calls(st, call):
 
     out = [("rhs", lambda: st.rhs(y, fz, cix, m, st.F0)),
            ("jac", lambda: st.jac(y, fz, cix, m, st.J)),
-           ("lu", lambda: factor_shifted_lanes(st.J, W, st.Wm, WA, hs, tab.gamma, lu.nnz, m, CHUNK,
-                                               *st.fops, st.bad))]
+           ("lu", lambda: factor_shifted_rows(st.J, W, st.Wm, WA, hs, tab.gamma, lu.nnz, m, CHUNK,
+                                              *st.fops, st.bad, *st.rops))]
     for i in range(tab.stages):
         if i > 0 and tab.newf[i]:
             out.append(("rhs", lambda: st.rhs(y, fz, cix, m, st.Fs)))

@@ -66,14 +66,26 @@ def test_tiled_bad_pivot_and_sizes():
         lu.factor(np.ones(lu.nnz * 40), 40, tile=0)
 
 
+def _shifted(kernel, lu):
+    """The fused assembly-and-factorisation kernels, one signature: the
+    separate copy pass (factor_shifted_lanes) or row by row inside the
+    elimination (factor_shifted_rows)."""
+    from esmjac.linalg.sparse_lu import factor_shifted_lanes, factor_shifted_rows
+    if kernel == "lanes":
+        return factor_shifted_lanes
+    return lambda *a: factor_shifted_rows(*a, *lu.row_ops())
+
+
+@pytest.mark.parametrize("kernel", ["lanes", "rows"])
 @pytest.mark.parametrize("L, WJ", [(3, None), (203, 16), (600, 5), (600, None)])
-def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ):
-    # factor_shifted_lanes reads J in the Jacobian's tiles (WJ) and writes
+def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kernel):
+    # factor_shifted_lanes / _rows read J in the Jacobian's tiles (WJ) and write
     # I/(h_l γ) − J in the LU's own tiles (WA = CHUNK, or one tile below it);
     # oracles: a dense NumPy solve per lane, and (bitwise) the separate
     # assembly followed by the serial factor_lanes on untiled storage.
-    from esmjac.linalg.sparse_lu import CHUNK, factor_lanes, factor_shifted_lanes, solve_lanes
+    from esmjac.linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes
     lu, M, b = _system(L=L, seed=7)
+    factor_shifted_lanes = _shifted(kernel, lu)
     rng = np.random.default_rng(1)
     J = -lu.pack(M)                                     # so that −J is the well-conditioned M
     hs = rng.uniform(0.5, 50.0, L)
@@ -99,6 +111,32 @@ def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ):
     from esmjac.layouts.types import untile
     assert np.array_equal(untile(A, lu.nnz, L, WA), B.reshape(lu.nnz, L))   # real lanes only
     assert np.array_equal(x, y)
+
+
+def test_row_by_row_assembly_reports_the_same_bad_pivots():
+    # a NaN Jacobian entry (lane 7) and a zero pivot (lane 30: J = I/(hγ) on
+    # row 0, so its shifted diagonal is 0): both kernels flag the same lanes
+    # and rows, and leave the other lanes bitwise equal
+    from esmjac.linalg.sparse_lu import CHUNK
+    L, WJ, gamma = 40, 16, 0.5
+    lu, M, b = _system(L=L, seed=3)
+    J = -lu.pack(M)
+    hs = np.full(L, 2.0)
+    Jv = J.reshape(lu.nnz, L)
+    Jv[lu.diag_slots[4], 7] = np.nan
+    Jv[lu.diag_slots[0], 30] = 1.0 / (hs[30] * gamma)
+    Jt = _tile(J, lu.nnz, L, WJ)
+    out = []
+    for kernel in ("lanes", "rows"):
+        A = np.zeros(tiled_size(lu.nnz, L, L))
+        bad = np.zeros(L, np.int64)
+        _shifted(kernel, lu)(Jt, WJ, A, L, hs, gamma, lu.nnz, L, CHUNK, *lu.factor_ops(), bad)
+        out.append((A.reshape(lu.nnz, L), bad))
+    (A0, b0), (A1, b1) = out
+    assert b0[7] >= 0 and b0[30] == 0 and np.sum(b0 >= 0) == 2
+    assert np.array_equal(b0, b1)
+    ok = b0 < 0
+    assert np.array_equal(A0[:, ok], A1[:, ok])
 
 
 @pytest.mark.parametrize("W", [5, 16])

@@ -42,7 +42,7 @@ native adapter binds the compiled programs to these), with ``jac`` writing
 the factorization's LaneSparseBlocks slots in lane tiles of ``tile`` (None:
 one tile of ``m`` lanes). Nothing converts that storage on the step path:
 the one pass a Rosenbrock step makes over ``J`` anyway, ``I/(h_l γ) − J``,
-is fused into the factorization (:func:`~esmjac.linalg.sparse_lu.factor_shifted_lanes`)
+is fused into the factorization, row by row (:func:`~esmjac.linalg.sparse_lu.factor_shifted_rows`)
 and writes the iteration matrix in the factorization's own lane tiles
 (:func:`lu_tile`: ``CHUNK`` lanes, so each elimination and solve op is one
 long unit-stride loop while the Jacobian keeps its short SIMD tiles).
@@ -55,7 +55,7 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from ..linalg.sparse_lu import CHUNK, SparseLaneLU, factor_shifted_lanes, solve_lanes, tiled_size
+from ..linalg.sparse_lu import CHUNK, SparseLaneLU, factor_shifted_rows, solve_lanes, tiled_size
 
 __all__ = ["STATUS", "LaneStepper", "RUNNING", "lu_tile", "gather", "assemble_w", "combine",
            "stage_rhs", "nonzero_terms"]
@@ -558,7 +558,7 @@ def _tiled_copy(src, nnz, Ws, sidx, dst, Wd, didx, k):
 
 @numba.njit(**_JIT)
 def _sub_factor(J, WJ, Wm, WA, hs, gamma, nnz, m, sel, k, ar, Jk, Wk, Wmk, WAk, hk, badk, chunk,
-                piv, mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src, bad, hlu):
+                piv, mul_ptr, mul_slot, upd_ptr, upd_tgt, upd_src, bad, hlu, row_ptr, mrow_ptr):
     """LU(I/(h_l γ) − J) of the ``k`` lanes ``sel`` only: their Jacobian
     slots gathered into a compact sub-batch ``Jk`` (tiles of ``Wk``),
     factored into ``Wmk`` (tiles of ``WAk``), scattered back into ``Wm``;
@@ -569,14 +569,14 @@ def _sub_factor(J, WJ, Wm, WA, hs, gamma, nnz, m, sel, k, ar, Jk, Wk, Wmk, WAk, 
     if k == 0:
         return
     if k == m:
-        factor_shifted_lanes(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_ptr, mul_slot,
-                             upd_ptr, upd_tgt, upd_src, bad)
+        factor_shifted_rows(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_ptr, mul_slot,
+                            upd_ptr, upd_tgt, upd_src, bad, row_ptr, mrow_ptr)
     else:
         _tiled_copy(J, nnz, WJ, sel, Jk, Wk, ar, k)
         for j in range(k):
             hk[j] = hs[sel[j]]
-        factor_shifted_lanes(Jk, Wk, Wmk, WAk, hk, gamma, nnz, k, chunk, piv, mul_ptr, mul_slot,
-                             upd_ptr, upd_tgt, upd_src, badk)
+        factor_shifted_rows(Jk, Wk, Wmk, WAk, hk, gamma, nnz, k, chunk, piv, mul_ptr, mul_slot,
+                            upd_ptr, upd_tgt, upd_src, badk, row_ptr, mrow_ptr)
         _tiled_copy(Wmk, nnz, WAk, ar, Wm, WA, sel, k)
         for j in range(k):
             bad[sel[j]] = badk[j]
@@ -620,11 +620,11 @@ def _squeeze_tiled(A, nnz, m, W, mn, Wn, done, tmp):
 
 @numba.njit(**_JIT)
 def _prep_and_factor(t, h, tend, done, m, hs, last, J, WJ, Wm, WA, gamma, nnz, chunk,
-                     piv, mul_piv, mul_slot, upd_ptr, upd_tgt, upd_src, bad):
+                     piv, mul_piv, mul_slot, upd_ptr, upd_tgt, upd_src, bad, row_ptr, mrow_ptr):
     """The step sizes to attempt (:func:`_prep_h`), then ``Wm = LU(I/(h_l γ) − J)``."""
     _prep_h(t, h, tend, done, m, hs, last)
-    factor_shifted_lanes(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_piv, mul_slot,
-                         upd_ptr, upd_tgt, upd_src, bad)
+    factor_shifted_rows(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_piv, mul_slot,
+                        upd_ptr, upd_tgt, upd_src, bad, row_ptr, mrow_ptr)
 
 
 @numba.njit(**_JIT)
@@ -735,7 +735,7 @@ class LaneStepper:
             else:
                 self._next.append((*self.m_nz, self.Ynew, False))
         self.nf_stage = sum(1 for i in range(S) if tab.newf[i])
-        self.fops, self.sops = lu.factor_ops(), lu.solve_ops()
+        self.fops, self.sops, self.rops = lu.factor_ops(), lu.solve_ops(), lu.row_ops()
         #: Singularity guards (:func:`_err_guard`): |u| bound, and whether a
         #: negative value fails the lane (the leaf sets both).
         self.max_abs, self.nonnegative = math.inf, False
@@ -789,7 +789,7 @@ class LaneStepper:
         Wk = k if self.tile is None else self.tile
         _sub_factor(self.J, W, self.Wm, WA, self.hs, self.tab.gamma, lu.nnz, m, self.sellu, k, self.ar,
                     self.Jk, max(Wk, 1), self.Wmk, lu_tile(k), self.hk, self.badk, CHUNK, *self.fops,
-                    self.bad, self.hlu)
+                    self.bad, self.hlu, *self.rops)
 
     # -- driver ---------------------------------------------------------------
     def run(self, u, out, L, lane0, c, t0, tend, h0, forcing, fcall, cix_full, atol, rtol,
@@ -853,13 +853,13 @@ class LaneStepper:
                 self.rhs(Y, self.FZr, self.cix, m, F0)
                 _fd_time(Fs, F0, t, m, n, self.dfdt)
                 self.jac(Y, self.FZ, self.cix, m, self.J)
-                factor_shifted_lanes(self.J, W, self.Wm, WA, hs, gamma, lu.nnz, m, CHUNK, *self.fops,
-                                     self.bad)
+                factor_shifted_rows(self.J, W, self.Wm, WA, hs, gamma, lu.nnz, m, CHUNK, *self.fops,
+                                    self.bad, *self.rops)
             else:
                 self.rhs(Y, self.FZr, self.cix, m, F0)
                 self.jac(Y, self.FZ, self.cix, m, self.J)
                 _prep_and_factor(t, h, tend, self.done, m, hs, self.last, self.J, W, self.Wm, WA, gamma,
-                                 lu.nnz, CHUNK, *self.fops, self.bad)
+                                 lu.nnz, CHUNK, *self.fops, self.bad, *self.rops)
             if self.shared:
                 _shared_bad(self.bad, m)
             Fi = F0

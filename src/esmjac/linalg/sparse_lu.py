@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import JacError
 
-__all__ = ["SparseLaneLU", "CHUNK", "factor_lanes", "factor_shifted_lanes",
+__all__ = ["SparseLaneLU", "CHUNK", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
            "solve_lanes",
            "solve_transpose_lanes", "tiled_size"]
 
@@ -354,6 +354,75 @@ def factor_shifted_lanes(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_p
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
+def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
+                          upd_tgt, upd_src, row_ptr, mrow_ptr, bad):
+    """``A = LU(I/(h_l γ) − J)`` for lanes ``l0 .. l0+m-1`` (inside one tile of
+    ``A``), each row of the iteration matrix formed right before its
+    elimination: row ``i``'s slots (``row_ptr``) are copied from ``J``,
+    shifted on the diagonal, then take their multipliers (``mrow_ptr``) and
+    updates while they are in L1 — one pass over ``A`` instead of a copy
+    pass and an elimination pass. Every slot sees the operations of
+    :func:`_shift_into` + :func:`_factor_block` in the same order (the
+    same bits)."""
+    n = piv_slot.shape[0]
+    ab = (l0 // WA) * nnz * WA + l0 % WA
+    h = hs[l0:l0 + m]
+    for i in range(n):
+        q0, q1 = row_ptr[i], row_ptr[i + 1]
+        l = l0
+        while l < l0 + m:                       # runs of lanes inside one tile of J
+            r = min(WJ - l % WJ, l0 + m - l)
+            jb = (l // WJ) * nnz * WJ + l % WJ
+            ao = ab + (l - l0)
+            for q in range(q0, q1):
+                a = A[ao + q * WA:ao + q * WA + r]
+                j = J[jb + q * WJ:jb + q * WJ + r]
+                for k in range(r):
+                    a[k] = -j[k]
+            l += r
+        o = ab + piv_slot[i] * WA
+        a = A[o:o + m]
+        for k in range(m):
+            a[k] += 1.0 / (h[k] * gamma)
+        for p in range(mrow_ptr[i], mrow_ptr[i + 1]):
+            mo = ab + mul_slot[p] * WA
+            po = ab + mul_piv[p] * WA
+            am = A[mo:mo + m]
+            ap = A[po:po + m]
+            for k in range(m):
+                am[k] = am[k] / ap[k]
+            for u in range(upd_ptr[p], upd_ptr[p + 1]):
+                to = ab + upd_tgt[u] * WA
+                so = ab + upd_src[u] * WA
+                at = A[to:to + m]
+                as_ = A[so:so + m]
+                for k in range(m):
+                    at[k] -= am[k] * as_[k]
+    bl = bad[l0:l0 + m]
+    for k in range(m):
+        bl[k] = -1
+    for i in range(n - 1, -1, -1):
+        ap = A[ab + piv_slot[i] * WA:ab + piv_slot[i] * WA + m]
+        for k in range(m):
+            v = ap[k]
+            if v == 0.0 or v != v:
+                bl[k] = i
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def factor_shifted_rows(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_piv, mul_slot,
+                        upd_ptr, upd_tgt, upd_src, bad, row_ptr, mrow_ptr):
+    """:func:`factor_shifted_lanes` with the iteration matrix formed row by row
+    inside the elimination (:func:`_factor_shifted_block`; ``row_ptr``,
+    ``mrow_ptr``: :meth:`SparseLaneLU.row_ops`). The same bits."""
+    for c in range(_n_items(L, WA, chunk)):
+        l0, m = _block_of(c, L, WA, chunk)
+        if m > 0:
+            _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv, mul_slot,
+                                  upd_ptr, upd_tgt, upd_src, row_ptr, mrow_ptr, bad)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def solve_lanes(A, b, nnz, L, W, chunk, piv_slot, fwd_ptr, fwd_slot, fwd_col, bwd_ptr, bwd_slot, bwd_col):
     """Serial triangular solves of lanes ``0 .. L-1``; ``b[i*L + l]``."""
     if W < chunk:
@@ -471,7 +540,9 @@ class SparseLaneLU:
                             f"lu_pattern is not closed under fill-in: eliminating "
                             f"{(i, k)} with {(k, j)} needs {(i, j)}")
         mul_piv, mul_slot, upd_ptr, upd_tgt, upd_src = [], [], [0], [], []
+        mrow_ptr = [0]                      # multipliers of row i: mrow_ptr[i] .. mrow_ptr[i+1]
         for i in range(n):
+            mrow_ptr.append(mrow_ptr[-1] + sum(1 for k in rows[i] if k < i))
             for k in rows[i]:
                 if k >= i:
                     break
@@ -504,13 +575,17 @@ class SparseLaneLU:
         self.nnz = len(pat)
         self._slot = slot
         self.diag_slots = i64([slot[(i, i)] for i in range(n)])
+        # slots of row i: row_ptr[i] .. row_ptr[i+1] (the pattern is sorted by row)
+        self._row_ptr = i64(np.searchsorted(np.array([r for r, _ in pat], dtype=np.int64), np.arange(n + 1)))
+        self._mrow_ptr = i64(mrow_ptr)
         self._mul_piv, self._mul_slot = i64(mul_piv), i64(mul_slot)
         self._upd_ptr, self._upd_tgt, self._upd_src = i64(upd_ptr), i64(upd_tgt), i64(upd_src)
         self._fwd_ptr, self._fwd_slot, self._fwd_col = i64(fwd_ptr), i64(fwd_slot), i64(fwd_col)
         self._bwd_ptr, self._bwd_slot, self._bwd_col = i64(bwd_ptr), i64(bwd_slot), i64(bwd_col)
         for a in (self.diag_slots, self._mul_piv, self._mul_slot, self._upd_ptr,
                   self._upd_tgt, self._upd_src, self._fwd_ptr, self._fwd_slot,
-                  self._fwd_col, self._bwd_ptr, self._bwd_slot, self._bwd_col):
+                  self._fwd_col, self._bwd_ptr, self._bwd_slot, self._bwd_col, self._row_ptr,
+                  self._mrow_ptr):
             a.setflags(write=False)
 
     # -- bookkeeping -------------------------------------------------------
@@ -608,6 +683,11 @@ class SparseLaneLU:
         """The elimination's op arrays in ``factor_lanes``' argument order."""
         return (self.diag_slots, self._mul_piv, self._mul_slot, self._upd_ptr,
                 self._upd_tgt, self._upd_src)
+
+    def row_ops(self) -> tuple:
+        """``(row_ptr, mrow_ptr)``: each row's slots and multipliers, for
+        :func:`factor_shifted_rows` (after ``factor_ops()``)."""
+        return self._row_ptr, self._mrow_ptr
 
     def solve_ops(self) -> tuple:
         """The triangular solves' op arrays in ``solve_lanes``' argument order."""
