@@ -23,6 +23,10 @@ from tests.support.models import chem
 
 @pytest.fixture
 def passes(monkeypatch):
+    """jsonschema's whole-document passes, counted (jsonschema-rs's shortcut
+    off unless a test turns it on)."""
+    import esmjac.model.schema as schema_mod
+    monkeypatch.setattr(schema_mod, "FAST", False)
     n = {"passes": 0}
     real = jsonschema.Draft202012Validator.iter_errors
 
@@ -86,3 +90,51 @@ def test_the_record_is_the_signed_cache(tmp_path, monkeypatch, passes):
         load_view(doc)
     assert passes["passes"] == 2
     assert not schema_passed("0" * 64)
+
+
+# ------------------------------------------- jsonschema-rs (issue #22: the first cold load)
+
+@pytest.fixture
+def fast(monkeypatch):
+    """The jsonschema-rs path on (skipped where it is not installed)."""
+    pytest.importorskip("jsonschema_rs")
+    import esmjac.model.schema as schema_mod
+    monkeypatch.setattr(schema_mod, "FAST", True)
+    return schema_mod
+
+
+def test_a_document_jsonschema_rs_accepts_skips_the_pure_python_pass(passes, fast):
+    """Oracle: jsonschema's own pass accepts the same document (outside
+    the block); inside, jsonschema-rs's verdict records it with no pass of
+    jsonschema's, and the view is the same."""
+    doc = chem()
+    plain = load_view(doc)                             # outside the block: jsonschema validates
+    assert passes["passes"] == 1
+    seen, ask, record = _memo()
+    with remembering(ask, record):
+        v = load_view(doc)
+    assert passes["passes"] == 1 and len(seen) == 1    # jsonschema-rs passed it, recorded
+    assert v.equations == plain.equations and v.variables == plain.variables
+
+
+def test_a_document_jsonschema_rs_refuses_gets_jsonschemas_errors(passes, fast):
+    """An invalid document: jsonschema-rs says no, so jsonschema's pass
+    runs and earthsci-ast refuses it with its own message; nothing recorded."""
+    bad = chem()
+    bad["models"]["M"]["variables"]["k1"]["type"] = 5
+    seen, ask, record = _memo()
+    with remembering(ask, record), pytest.raises(JacError):
+        load_view(bad)
+    assert passes["passes"] == 1 and not seen
+
+
+def test_a_failing_fast_validator_falls_back_to_jsonschema(passes, fast, monkeypatch):
+    def broken(schema):
+        def is_valid(instance):
+            raise RuntimeError("boom")
+        return is_valid
+    monkeypatch.setattr(fast, "_fast_valid", broken)
+    seen, ask, record = _memo()
+    with remembering(ask, record):
+        load_view(chem())
+    assert passes["passes"] == 1 and len(seen) == 1    # jsonschema's pass decided, and recorded

@@ -19,6 +19,16 @@ in the calling thread; outside a ``remembering`` block (another thread,
 a direct earthsci-ast call) everything is forwarded unchanged. Where
 earthsci-ast's parse module does not read the schema that way (another
 version), nothing is replaced and every load validates.
+
+Faster, where ``jsonschema-rs`` is installed (a dependency; Rust): inside
+the block an instance it finds valid against the same schema (Draft
+2020-12, formats not asserted, as jsonschema's validator here, offline) is
+recorded without jsonschema's pass: 0.06 s instead of 22 s for the
+272-species mechanism, 0.1 s instead of ~30 s for it lifted to cells. Any
+other answer (invalid, an exception, the package absent) runs jsonschema's
+pass as before, so the errors a user sees are earthsci-ast's own and only
+a document both implementations of the standard accept can skip it.
+:data:`FAST` switches it off.
 """
 from __future__ import annotations
 
@@ -37,6 +47,30 @@ __all__ = ["remembering", "instance_digest"]
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("esmjac_schema_memo", default=None)
 _INSTALLED: list = []
 _LOCK = threading.Lock()
+#: Whether an instance ``jsonschema-rs`` finds valid skips jsonschema's pass.
+FAST = True
+_FAST_VALIDATORS: dict = {}
+
+
+def _fast_valid(schema: Any) -> Callable[[Any], bool] | None:
+    """``jsonschema-rs``'s Draft 2020-12 ``is_valid`` for ``schema`` (built
+    once per schema content), or None where it is unavailable or refuses
+    the schema."""
+    try:
+        key = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if key in _FAST_VALIDATORS:
+        return _FAST_VALIDATORS[key]
+    fn = None
+    try:
+        import jsonschema_rs
+        v = jsonschema_rs.Draft202012Validator(schema, validate_formats=False, offline=True)
+        fn = v.is_valid
+    except Exception:               # noqa: BLE001 - not installed, another API, a schema it refuses
+        fn = None
+    _FAST_VALIDATORS[key] = fn
+    return fn
 
 
 def instance_digest(schema: Any, instance: Any) -> str | None:
@@ -73,6 +107,15 @@ def _validator_class(real: type) -> type:
             digest = instance_digest(self._schema, instance)
             if digest is not None and seen(digest):
                 return iter(())
+            if digest is not None and FAST:
+                fast = _fast_valid(self._schema)
+                try:
+                    ok = fast is not None and fast(instance) is True
+                except Exception:   # noqa: BLE001 - the fast validator's failure: jsonschema decides
+                    ok = False
+                if ok:
+                    record(digest)
+                    return iter(())
             errors = list(self._real.iter_errors(instance))
             if digest is not None and not errors:
                 record(digest)
