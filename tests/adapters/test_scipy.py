@@ -310,6 +310,26 @@ def test_auto_threads_on_a_large_problem_is_decided_by_measurement(monkeypatch):
     assert ivp(TROPO).threads is None            # small: the programs' own one-thread policy
 
 
+def test_fun_on_a_serial_binding_switches_no_threads(monkeypatch):
+    """threads=1 on a problem below SERIAL_BELOW: fun's binding runs serial
+    twins only, so fun leaves Numba's thread count alone (decided once at
+    build, not switched twice per call); its values are those of the
+    threads=None problem, bit for bit, and the Jacobian still runs under
+    the problem's thread count."""
+    import numba
+    one = ivp(TROPO, threads=1)
+    free = ivp(TROPO)
+    assert one.threads == 1 and one._calls.run_f.serial
+    switched = []
+    real = numba.set_num_threads
+    monkeypatch.setattr(numba, "set_num_threads", lambda n: switched.append(n) or real(n))
+    y = varied(one)
+    for k in range(3):
+        np.testing.assert_array_equal(one.fun(0.0, y * (1 + k)), free.fun(0.0, y * (1 + k)))
+    assert switched == []
+    one.jac(0.0, y)
+    assert switched == ([] if numba.get_num_threads() == 1 else [1, numba.get_num_threads()])
+
 def test_outputs_the_caller_still_holds_are_never_reused(tropo):
     """fun/jac recycle only arrays every caller has released: values a
     solver keeps stay as they were returned."""
