@@ -39,7 +39,8 @@ def _point(r, L, seed=0):
     rng = np.random.default_rng(seed)
     u = rng.uniform(0.5, 2.0, r.u_size(L))
     f = rng.uniform(250.0, 310.0, r.f_size(L))
-    return np.ascontiguousarray(u), np.ascontiguousarray(f)
+    f.setflags(write=False)     # as the build's warm call passes it: no second specialization to compile
+    return np.ascontiguousarray(u), f
 
 
 def test_a_reactions_product_is_computed_once_whatever_the_factor_order():
@@ -60,7 +61,7 @@ def test_a_reactions_product_is_computed_once_whatever_the_factor_order():
 
 def test_a_short_tail_joins_the_chunk_and_a_long_one_does_not():
     L = 4
-    for n_extra, cap in ((1, 12), (12, 12)):
+    for n_extra, cap in ((1, 12), (3, 12)):
         doc = lift(_box(n_extra), L, cell_parameters=["T"])
         r = RhsProgram.build(doc, options={"engine": "codegen", "max_stmts": cap, "progress": False})
         n = r.kernel.n_statements

@@ -124,7 +124,12 @@ def _lane_eval(j, r, lay, u_lanes, f_lanes, L, order=None, keep_slab=False, dtyp
     if order is not None:
         ws.set_lane_order(order, j.layout.cell_shape)
     out = np.full(plan.out_size(L), np.nan, dtype)
-    j.eval_into(plan, u_lanes.astype(dtype), r.p0, 0.0, f_lanes.astype(dtype), out, ws)
+    f = f_lanes.astype(dtype)
+    # float64 forcing read-only, as a call with the document's default passes
+    # it: the specialization the build compiled (Numba compiles one per
+    # writability: ~16 s of CPU per tropo12 Jacobian chunk)
+    f.setflags(write=dtype != np.float64)
+    j.eval_into(plan, u_lanes.astype(dtype), r.p0, 0.0, f, out, ws)
     P = int(plan.info["slots_per_lane"])
     W = plan.tile_width(L)
     cap = plan.capacity(L)
@@ -414,6 +419,18 @@ def chapman_progs():
     return _small["c"]
 
 
+def chapman_forced_progs():
+    """The Chapman cycle lifted to 8 cells with a per-cell photolysis rate
+    (a forcing field read per lane, as tropo12's ``fj``): for the tile tests
+    where the lanes of the forcing move with those of the state."""
+    if "f" not in _small:
+        from tests.support.models import chapman
+        from esmjac.models.mechanism import box, lift
+        d = lift(box(chapman(cells=1)), 8, cell_parameters=["j_O3"])
+        _small["f"] = (RhsProgram.build(d), JacobianProgram.build(d))
+    return _small["f"]
+
+
 def test_tile_formula_against_a_direct_reading_of_the_matrix():
     """Slot (r, c) of lane l of LaneBlocks(tile=W) is J[r*L + l, c*L + l] of
     the assembled CSR (an independent route), at ((l//W)*n² + r*n + c)*W + l%W."""
@@ -446,8 +463,10 @@ def test_tile_widths_give_the_same_bits(dtype):
     tile (None), direct writes and the slab path, padded capacities: one set
     of bits per lane. (Widths 1/2/3/8 are covered by test_bound and the
     ColumnBanded test below; float32 on the sparse blocks only: each tile
-    width and dtype is a kernel compile of its own.)"""
-    r, j = rhs_prog("tropo12"), jac_prog("tropo12")
+    width and dtype is a kernel compile of its own, hence the Chapman cells
+    with a per-cell forcing, whose kernels compile in about a second where
+    tropo12's dense 15×15 blocks take ~15 s each.)"""
+    r, j = chapman_forced_progs()
     N = j.cells
     P = N + 13                                  # padded workspace: lanes past N repeat the last cell
     pidx = np.minimum(np.arange(P), N - 1)

@@ -2,15 +2,16 @@
 width, ragged and partial tiles, direct writes and the band slab give the
 unbound slab path's bits (the slab gather is itself checked against the
 reference assembly in tests/layouts). Split from test_bound.py so the two
-files run on different test workers."""
+files run on different test workers. The model is the Chapman box (4
+species, a 4×4 lane block with zero entries): the tests are about tiles,
+lanes and bits, and each (layout, tile, dtype) is a kernel compile of its
+own -- about a second here against ~15 s for tropo12's 15×15 blocks."""
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 
-from tests.support.programs import TROPO12
+from tests.support.models import chapman
 
 from esmjac import JacError
 from esmjac.layouts import LaneBlocks, LaneSparseBlocks
@@ -23,14 +24,14 @@ _built: dict = {}
 
 def boxed():
     if "b" not in _built:
-        d = box(json.loads(TROPO12.read_text()))
+        d = box(chapman(cells=1))
         _built["b"] = (RhsProgram.build(d), JacobianProgram.build(d))
     return _built["b"]
 
 
 def _boxed_tape():
     if "bt" not in _built:
-        d = box(json.loads(TROPO12.read_text()))
+        d = box(chapman(cells=1))
         _built["bt"] = (RhsProgram.build(d, options={"engine": "tape"}),
                         JacobianProgram.build(d, options={"engine": "tape"}))
     return _built["bt"]
