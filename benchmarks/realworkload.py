@@ -435,6 +435,8 @@ ROUTES = {
                     {"method": "ros34pw2"}),
     "published-w-age2": ("leaf ROS34PW2 (W-method, max_jac_age=2), the published document", False,
                          {"method": "ros34pw2", "max_jac_age": 2}),
+    "published-w-hold": ("leaf ROS34PW2 (W-method, hold=(1, 1.5)), the published document", False,
+                         {"method": "ros34pw2", "hold": (1.0, 1.5)}),
 }
 
 
