@@ -269,13 +269,14 @@ def test_the_leaf_on_the_kernel_is_bitwise_the_same_for_any_thread_count():
 
 # -- a body that is not polynomial: the tape, same bits as before ---------------
 
-def _nonpoly_doc(L):
+def _nonpoly_doc(L, poly: bool = False):
     """A SuperFast-like box (T-dependent rate, a photolysis field, a
     stoichiometric 2 and 0.5, a self-reaction) plus one rate that depends on
-    a state through exp: not a polynomial."""
+    a state through exp: not a polynomial (``poly``: without that rate)."""
     k = {"op": "*", "args": [2.5e-3, {"op": "exp", "args": [{"op": "/", "args": [300.0, "T"]}]}]}
     self_ = {"op": "*", "args": [1e-3, "B", "B"]}
-    nonpoly = {"op": "*", "args": [1e-4, "C", {"op": "exp", "args": [{"op": "neg", "args": ["A"]}]}]}
+    nonpoly = ({"op": "*", "args": [1e-4, "C", "A"]} if poly else
+               {"op": "*", "args": [1e-4, "C", {"op": "exp", "args": [{"op": "neg", "args": ["A"]}]}]})
     eqs = [("A", {"op": "+", "args": [{"op": "neg", "args": [{"op": "*", "args": [k, "A", "B"]}]},
                                       {"op": "*", "args": ["j", "C"]}]}),
            ("B", {"op": "-", "args": [{"op": "*", "args": [0.5, "j", "C"]},
@@ -309,6 +310,41 @@ def test_a_body_that_is_not_polynomial_falls_back_to_the_tape(monkeypatch):
     v2 = u.copy()
     s2 = tape.advance(v2, 0.0, 600.0, forcing=f)
     assert s1.success and s2.success and np.array_equal(v1, v2) and s1.totals() == s2.totals()
+
+
+def test_superfast_like_box_against_hand_formulas():
+    # the same box with the state-dependent exp replaced by 1e-4·C·A: polynomial.
+    # Oracle: NumPy evaluation of the written rate laws and their derivatives.
+    Ln = 5
+    lf = rosenbrock(_nonpoly_doc(Ln, poly=True), rtol=1e-4, threads=1, options=TAPE)
+    hz = lane_hoist(lf, lf.plan)
+    assert hz is not None and hz.rhs.poly is not None and hz.jac.poly is not None
+    rng = np.random.default_rng(8)
+    u = np.ascontiguousarray(rng.uniform(0.5, 2.0, 3 * Ln))
+    rows = {"T": rng.uniform(260, 300, Ln), "j": rng.uniform(0, 1e-3, Ln)}
+    f = np.ascontiguousarray(np.concatenate([rows[n.split(".")[-1]] for n in lf.forcing_names]))
+    fz, cix, b = _hoisted_inputs(lf, hz, u, f, Ln)
+    got = np.full(u.size, np.nan)
+    b.rhs(u, fz, cix, Ln, got)
+    A, B, C = u.reshape(3, Ln)
+    T, j = rows["T"], rows["j"]
+    k = 2.5e-3 * np.exp(300.0 / T)
+    want = [-k * A * B + j * C, 0.5 * j * C - (k * A * B + 2e-3 * B * B), k * A * B - (j * C + 1e-4 * C * A)]
+    np.testing.assert_allclose(got.reshape(3, Ln), want, rtol=1e-13)
+    # Jacobian, dense per lane from the tile slots
+    P, W, Cp = int(lf.plan.info["slots_per_lane"]), lf.plan.tile_width(Ln), lf.plan.capacity(Ln)
+    jg = np.full(P * Cp, np.nan)
+    b.jac(u, fz, cix, Ln, jg)
+    order = lf.plan.info["ordering"]
+    J = np.zeros((Ln, 3, 3))
+    for q, (r, c) in enumerate(lf.plan.info["lu_pattern"]):
+        for lane in range(Ln):
+            J[lane, order[r], order[c]] = jg[(lane // W * P + q) * W + lane % W]
+    z = np.zeros(Ln)
+    Jw = np.array([[-k * B, -k * A, j],
+                   [-k * B, -k * A - 4e-3 * B, 0.5 * j],
+                   [k * B - 1e-4 * C, k * A, -j - 1e-4 * A + z]]).transpose(2, 0, 1)
+    np.testing.assert_allclose(J, Jw, rtol=1e-13, atol=1e-300)
 
 
 # -- GEOS-Chem fullchem, when its converted document is given --------------------
