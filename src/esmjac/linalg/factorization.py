@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
+
 __all__ = ["BlockLUPlan", "block_order", "block_lu_plan", "markowitz_ordering", "lu_fill"]
 
 
@@ -58,41 +60,39 @@ class BlockLUPlan:
 
 
 def lu_fill(P: list) -> list:
-    """No-pivoting symbolic LU of a boolean pattern (natural order)."""
-    P = [row[:] for row in P]
-    n = len(P)
+    """No-pivoting symbolic LU of a boolean pattern (natural order): row
+    ``i > k`` gains row ``k``'s columns ``> k`` where ``P[i][k]``, ``k``
+    ascending (NumPy over whole rows: the same pattern as the triple loop,
+    ~n³ Python steps at 272 species otherwise)."""
+    A = np.array(P, dtype=bool).reshape(len(P), len(P))
+    n = A.shape[0]
     for k in range(n):
-        for i in range(k + 1, n):
-            if P[i][k]:
-                for j in range(k + 1, n):
-                    if P[k][j]:
-                        P[i][j] = True
-    return P
+        rows = A[k + 1:, k]
+        if rows.any():
+            A[k + 1:, k + 1:] |= rows[:, None] & A[k, k + 1:][None, :]
+    return A.tolist()
 
 
 def markowitz_ordering(P: list) -> list:
     """Greedy Markowitz: eliminate the row/column minimising
     (nnz_row − 1)(nnz_col − 1) on the symbolically updated pattern; ties go
-    to the lowest index."""
-    P = [row[:] for row in P]
-    remaining = list(range(len(P)))
-    order = []
-    while remaining:
-        best, bestcost = remaining[0], None
-        for i in remaining:
-            r = sum(1 for j in remaining if P[i][j]) - 1
-            c = sum(1 for j in remaining if P[j][i]) - 1
-            cost = r * c
-            if bestcost is None or cost < bestcost:
-                best, bestcost = i, cost
+    to the lowest index. (Counts and fill-in over NumPy rows: the order of
+    the plain loops over the remaining indices, each step O(n²) in C.)"""
+    A = np.array(P, dtype=bool).reshape(len(P), len(P))
+    n = A.shape[0]
+    alive = np.ones(n, dtype=bool)
+    never = np.int64(n) * n + 1                  # above every cost
+    order: list = []
+    for _ in range(n):
+        r = (A & alive[None, :]).sum(axis=1, dtype=np.int64) - 1    # per row, over remaining columns
+        c = (A & alive[:, None]).sum(axis=0, dtype=np.int64) - 1    # per column, over remaining rows
+        best = int(np.argmin(np.where(alive, r * c, never)))        # first minimum: lowest index
         order.append(best)
-        rest = [i for i in remaining if i != best]
-        for i in rest:
-            if P[i][best]:
-                for j in rest:
-                    if P[best][j]:
-                        P[i][j] = True
-        remaining = rest
+        alive[best] = False
+        rows = alive & A[:, best]
+        cols = alive & A[best, :]
+        if rows.any() and cols.any():
+            A |= rows[:, None] & cols[None, :]
     return order
 
 
@@ -108,8 +108,8 @@ def block_order(variables: Iterable[str], pairs: Iterable[tuple]) -> BlockLUPlan
     order = markowitz_ordering(P)
     Pp = [[P[order[i]][order[j]] for j in range(n)] for i in range(n)]
     L = lu_fill(Pp)
-    pairs = tuple((i, j) for i in range(n) for j in range(n) if Pp[i][j])
-    lu = tuple((i, j) for i in range(n) for j in range(n) if L[i][j])
+    pairs = tuple((i, j) for i, j in np.argwhere(np.array(Pp, dtype=bool).reshape(n, n)).tolist())
+    lu = tuple((i, j) for i, j in np.argwhere(np.array(L, dtype=bool).reshape(n, n)).tolist())
     return BlockLUPlan(tuple(names[i] for i in order), tuple(order), pairs, lu)
 
 
