@@ -516,3 +516,49 @@ def test_non_finite_jacobian_lane_is_contained():
             assert np.array_equal(y.reshape(3, ROB_L)[:, others], ok.reshape(3, ROB_L)[:, others])
         else:
             assert np.all(st.status[others] != 0) and np.all(st.naccept == 0)
+
+
+@pytest.mark.parametrize("m, dtype, gdt", [(37, np.float64, 0.0), (300, np.float64, 0.25), (64, np.float32, 0.0)])
+def test_stage_solve_in_one_pass_per_direction_gives_the_separate_passes_bits(m, dtype, gdt):
+    # the leaf's stage call forms each row's right-hand side inside the forward
+    # substitution and each row of the next combination inside the backward
+    # one; oracle (bitwise): stage_rhs, then solve_lanes, then combine — the
+    # separate kernels the sensitivity replays use — on the same inputs, over
+    # Rodas3's four stages (one LU tile of m lanes, or CHUNK tiles at 300)
+    from esmjac.integrators import lanestep as LS
+    from esmjac.linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes, tiled_size
+    rng = np.random.default_rng(11)
+    n = 9
+    P = [[i == j or bool(rng.random() < 0.35) for j in range(n)] for i in range(n)]
+    order = markowitz_ordering(P)
+    Fl = lu_fill([[P[order[i]][order[j]] for j in range(n)] for i in range(n)])
+    lu = SparseLaneLU(n, tuple((i, j) for i in range(n) for j in range(n) if Fl[i][j]))
+    WA = LS.lu_tile(m)
+    A = rng.uniform(-1, 1, (lu.nnz, m))
+    A[lu.diag_slots] += n + 1.0
+    Wm = np.zeros(tiled_size(lu.nnz, m, WA), dtype)
+    ln = np.arange(m)
+    Wm[((ln // WA)[None, :] * lu.nnz + np.arange(lu.nnz)[:, None]) * WA + (ln % WA)[None, :]] = A
+    factor_lanes(Wm, lu.nnz, m, WA, CHUNK, *lu.factor_ops(), np.empty(m, np.int64))
+    perm = rng.permutation(n).astype(np.int64)
+    tab = METHODS["rodas3"]
+    hs, F, Y, dfdt = rng.uniform(0.1, 10, m), rng.standard_normal(n * m), rng.random(n * m), rng.standard_normal(n * m)
+    K0 = rng.standard_normal((tab.stages, n * m))
+    out = []
+    for fused in (True, False):
+        K, nout, ch = K0.copy(), np.zeros(n * m), np.empty(tab.stages * m)
+        for i in range(tab.stages):
+            ci, cv = LS.nonzero_terms(tab.c[i])
+            nx, nv = LS.nonzero_terms(tab.m if i + 1 == tab.stages else tab.a[i + 1])
+            if fused:
+                LS._stage_solve(F, K, i, ci, cv, hs, gdt, dfdt, perm, m, ch, Wm, lu.nnz, WA, *lu.solve_ops(),
+                                Y, nx, nv, nout, True)
+            else:
+                LS.stage_rhs(F, K, i, ci, cv, hs, gdt, dfdt, perm, m, ch)
+                solve_lanes(Wm, K[i], lu.nnz, m, WA, CHUNK, *lu.solve_ops())
+                LS.combine(Y, K, nx, nv, perm, m, nout)
+            out.append((K[i].copy(), nout.copy()))
+    half = len(out) // 2
+    for (k1, o1), (k2, o2) in zip(out[:half], out[half:]):
+        assert np.array_equal(k1, k2) and np.array_equal(o1, o2)
+    assert np.all(np.isfinite(out[half - 1][1])) and not np.array_equal(out[half - 1][1], Y)
