@@ -120,3 +120,25 @@ def test_no_forcing_and_the_default_forcing_share_one_tape_interpreter_signature
     assert forced.kernel.engine == "tape" and forced.layout.forcing
     np.testing.assert_allclose(forced.eval_into(u, forced.p0, 0.0, None, np.zeros_like(u)), ref, rtol=1e-14)
     assert len(run_tape.signatures) == before
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_slab_evaluated_after_direct_writes_compiles_nothing(forced):
+    """Direct writes keep no band slab: ``apply`` evaluates it from the
+    workspace's copy of the point, whose ``p`` and forcing are read-only
+    views (JacWorkspace.keep_point), as the build's warm call passed them.
+    Writable copies compiled the slab kernel a second time there."""
+    doc = _forced_chem() if forced else chem(cells=CELLS)
+    opts = {"cache": False, "engine": "codegen"}
+    r = RhsProgram.build(doc, options=opts)
+    j = JacobianProgram.build(doc, options=opts)
+    plan = j.plan(LaneSparseBlocks(), source=r)
+    ws = j.new_workspace()
+    u = np.linspace(1.0, 2.0, 2 * CELLS)
+    j.eval_into(plan, u, j.p0, 0.0, None, np.zeros(plan.out_size(CELLS)), ws)     # direct writes
+    assert ws.last_dtype is None and not ws.point[1].flags.writeable and not ws.point[3].flags.writeable
+    before = _module_signatures(j)
+    v = np.linspace(-1.0, 1.0, u.size)
+    y = j.apply(plan, ws, v, np.zeros_like(u))
+    assert _module_signatures(j) == before
+    np.testing.assert_allclose(y, chem_jacobian(u, 0.3, 2.0) @ v, rtol=1e-13, atol=1e-13)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..compile.codegen import tile_scratch
 from ..compile.twins import serial_twin
+from .._frozen import readonly
 from ..errors import JacError
 from . import checks
 from . import kernels as K
@@ -68,7 +69,7 @@ class _Bound:
     _f_none: np.ndarray | None
     _p_src: np.ndarray | None
     _seen: tuple
-    _pt: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    _pt: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None   # copies, read-only views
     _last_dtype: np.dtype | None
     _fp: str | None
 
@@ -107,11 +108,11 @@ class _Bound:
             ws.last_plan = self._fp
             ws.point = None
             if self.keep_point:
-                pu, pp, pf = self._pt
+                pu, pp, pf, pp_ro, pf_ro = self._pt
                 np.copyto(pu, u)
                 np.copyto(pp, pv)
                 np.copyto(pf, f)
-                ws.point = (pu, pp, t, pf)
+                ws.point = (pu, pp_ro, t, pf_ro)     # read-only, as in JacWorkspace.keep_point
         if bad is None:
             bad = self._scan(out)
         if bad:
@@ -249,8 +250,12 @@ class BoundJacobian(_Bound):
         self._slab = None if self.direct else ws.slab(self.dtype, prog.slab_size(L))
         # contract() reads the point of the last call: a copy (preallocated)
         self.keep_point = bool(keep_point)
-        self._pt = (np.empty(self.n_u, dtype=self.dtype), np.empty(self.n_p),
-                    np.empty(self.n_f if self.n_f else 1, dtype=self.dtype)) if keep_point else None
+        if keep_point:
+            pu, pp = np.empty(self.n_u, dtype=self.dtype), np.empty(self.n_p)
+            pf = np.empty(self.n_f if self.n_f else 1, dtype=self.dtype)
+            self._pt = (pu, pp, pf, readonly(pp), readonly(pf))
+        else:
+            self._pt = None
         self._last_dtype = None if self.direct else self.dtype
         self._fp = plan.fingerprint
         self._body = self._make_body()

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._frozen import readonly
 from ..errors import JacError
 
 __all__ = ["JacWorkspace", "RhsScratch", "lane_cells", "no_forcing"]
@@ -103,10 +104,15 @@ class JacWorkspace:
         slab see that point, whatever the caller does with its arrays."""
         snap = self._snap
         if snap is None or any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(snap, (u, p, f))):
-            snap = self._snap = (np.empty_like(u), np.empty_like(p), np.empty_like(f))
+            bufs = (np.empty_like(u), np.empty_like(p), np.empty_like(f))
+            # p and forcing are read through read-only views, as the build's
+            # warm call passes them: Numba compiles one specialization per
+            # writability, so writable copies compiled the slab kernel again
+            # at the first lazily evaluated slab (~16 s of CPU for tropo12)
+            snap = self._snap = bufs + (readonly(bufs[1]), readonly(bufs[2]))
         for a, b in zip(snap, (u, p, f)):
             np.copyto(a, b)
-        self.point = (snap[0], snap[1], t, snap[2])
+        self.point = (snap[0], snap[3], t, snap[4])
 
     def set_lane_order(self, order, cell_shape: tuple) -> None:
         """Lane ``l`` holds flat cell ``order[l]`` (shuffled or padded lanes).
