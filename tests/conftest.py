@@ -68,6 +68,39 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+#: Files that build the same programs and plans (tropo12's Jacobian on
+#: every lane layout: ~16 s of Numba CPU per layout) run on one xdist worker
+#: under ``--dist loadfile``, which compiles them once. Two workers starting
+#: both files at once compiled each of these kernels twice (measured: 36 s of
+#: CPU in a cold run), before either could reach the other's disk cache.
+SHARED_SCOPES = {f"tests/{f}": "tests/runtime/test_programs.py + tests/layouts/test_plans.py"
+                 for f in ("runtime/test_programs.py", "layouts/test_plans.py")}
+
+
+class _SharedScopes:
+    """``pytest_xdist_make_scheduler``: loadfile's scheduling, with the files
+    of :data:`SHARED_SCOPES` as one scope (registered only where xdist is
+    loaded: the hook is xdist's)."""
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") != "loadfile":
+            return None
+        from xdist.scheduler import LoadFileScheduling
+
+        class _Scheduling(LoadFileScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                scope = super()._split_scope(nodeid)
+                return SHARED_SCOPES.get(scope, scope)
+
+        return _Scheduling(config, log)
+
+
+def pytest_configure(config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_SharedScopes(), "esmjac-shared-scopes")
+
+
 @pytest.fixture(scope="session")
 def reference():
     return need_reference()
