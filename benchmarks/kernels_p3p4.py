@@ -1,7 +1,7 @@
 """Kernels at the real workload's size (issue #25 item 4; DESIGN §10 P3, P4).
 
     python benchmarks/kernels_p3p4.py --mech /path/to/geoschem_fullchem_v1.esm \\
-        --superfast /path/to/superfast.esm [--cells 10000] [--calls 20] [--only P3,P3csr,P4] \\
+        --superfast /path/to/superfast.esm [--cells 10000] [--calls 20] [--only P3,P3csr,P3order,P4] \\
         [--json results.json]
 
 Neither mechanism is part of this repository (pass their paths; absent, the
@@ -18,6 +18,10 @@ part that needs one says so and is skipped).
   *kinetics* (KPP's split, ``gcmech.split_rates``: the rate coefficients are
   per-cell inputs, the Jacobian is pure mass action — what the leaf runs)
   and *as published* (rate laws evaluated in the kernel, per lane).
+* **P3 store order** (``--only P3order``) — the direct-write body eval_into
+  runs (stores in slot order, ``tape.in_store_order``) against the same
+  instructions in the SSA order (stores at random places of each tile's
+  block), bits checked equal, interleaved on one interpreter.
 * **P3 Csr vs CasADi** — the same point, ``eval_into`` into Csr against
   CasADi's C route (``peers.casadi_peer``: the per-cell SX Jacobian mapped
   over cells, generated C, ``-O3``; its own pattern), values checked against
@@ -178,6 +182,50 @@ def p3_bound(mech: str, L: int, calls: int, form: str, res: dict) -> GcCells:
     return g
 
 
+def p3_store_order(g: GcCells, calls: int, res: dict) -> None:
+    """The direct-write body with its stores in slot order (what eval_into
+    runs: ``tape.in_store_order``) against the same instructions in the SSA
+    order (the program's body with only its targets mapped to slots, as
+    before), interleaved on one interpreter; the bits checked equal first."""
+    from esmjac.compile.engine import NO_SLOTS, _interpreter
+    from esmjac.compile.tape import OPS, Tape
+    from esmjac.layouts.types import LaneSparseBlocks
+
+    load0 = _load()
+    L, j, r = g.L, g.j, g.r
+    plan = j.plan(LaneSparseBlocks(), source=r)
+    ft = j.direct_tape(plan)
+    pro, body = j.kernel.tapes
+    code = body.code.copy()
+    st = code[:, 0] == OPS.index("store")
+    code[st, 2] = np.asarray(plan.arrays["fa"], np.int64)[code[st, 2]]
+    ssa = Tape(code, body.consts, body.nreg)
+    run = _interpreter(False)
+    W, P, C = plan.tile_width(L), int(plan.info["slots_per_lane"]), plan.capacity(L)
+    h = np.zeros(max(j.kernel.n_hoist, 1))
+    run(pro.code, pro.consts, g.u, g.f, g.p, 0.0, h, np.zeros(1, np.int64), h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    cix = j.new_workspace(L).cix
+    outs = {k: np.full(plan.out_size(L), np.nan) for k in ("slot", "ssa")}
+
+    def body_of(t, out):
+        return lambda: run(t.code, t.consts, g.u, g.f, g.p, 0.0, h, cix, out, L, t.nreg, W, P, C, ft.zero_slots)
+    fns = {"stores in slot order (eval_into's)": body_of(ft.body, outs["slot"]),
+           "stores in SSA order (before)": body_of(ssa, outs["ssa"])}
+    for fn in fns.values():
+        fn()
+    if not np.array_equal(outs["slot"], outs["ssa"]) or not np.isfinite(outs["slot"]).all():
+        raise AssertionError("slot-ordered and SSA-ordered tapes differ")
+    tm = interleaved(fns, calls)
+    a = tm["stores in slot order (eval_into's)"]["median"]
+    b = tm["stores in SSA order (before)"]["median"]
+    res.setdefault("P3order", []).append({
+        "form": g.form, "cells": L, "registers_slot": int(ft.body.nreg), "registers_ssa": int(body.nreg),
+        "times": tm, "ssa_over_slot": b / a, "load_before": load0, "load_after": _load()})
+    print(f"P3 store order {g.form} {L} cells: slot order {a * 1e3:.2f} ms, SSA order {b * 1e3:.2f} ms "
+          f"({b / a:.2f}x; registers {ft.body.nreg} vs {body.nreg}); same bits; load {load0} -> {_load()}",
+          flush=True)
+
+
 def p3_casadi(g: GcCells, calls: int, res: dict) -> None:
     """eval_into Csr against CasADi's C route on the same point."""
     import contextlib
@@ -294,7 +342,7 @@ def main(argv=None) -> int:
             p4_rhs(a.superfast, a.cells, a.calls * 5, res)
         else:
             print("P4 skipped: pass --superfast PATH (EarthSciModels components/gaschem/superfast.esm)")
-    if only & {"P3", "P3csr"}:
+    if only & {"P3", "P3csr", "P3order"}:
         if not Path(a.mech).is_file():
             print(f"P3 skipped: {a.mech} not found (pass --mech, see benchmarks/gcmech.py)")
         else:
@@ -303,6 +351,8 @@ def main(argv=None) -> int:
                     g = p3_bound(a.mech, a.cells, a.calls, form, res)
                 else:
                     g = GcCells(a.mech, a.cells, form)
+                if "P3order" in only:
+                    p3_store_order(g, a.calls, res)
                 if "P3csr" in only:
                     p3_casadi(g, a.calls, res)
                 del g
