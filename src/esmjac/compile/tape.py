@@ -81,15 +81,7 @@ def encode(blk: Block, stores: list, store_op: str = "store") -> Tape:
     """Tape of ``blk`` whose values ``stores`` ((value id, target), …) are
     written out; unused values are dropped."""
     ins = blk.ins
-    need = [False] * len(ins)
-    stack = [v for v, _ in stores]
-    while stack:
-        v = stack.pop()
-        if need[v]:
-            continue
-        need[v] = True
-        op, args = ins[v]
-        stack.extend(_operands(op, args))
+    need = live(ins, stores)
     last = {}
     for v, (op, args) in enumerate(ins):
         if need[v]:
@@ -339,6 +331,28 @@ def in_store_order(code: np.ndarray) -> tuple | None:
         s3 = srcs + [-1, -1, -1]
         out.append((op, d, a, b, c) if not ax else (op, d, s3[0], s3[1], s3[2]))
     return np.array(out, dtype=np.int64).reshape(-1, 5), max(nreg, 1)
+
+
+def live(ins: list, stores: list, strict: bool = True) -> list:
+    """Which of the SSA values ``ins`` the stores ((value id, target), …)
+    need, transitively through every argument of a non-leaf instruction;
+    ``strict`` refuses computed-offset reads (what a tape cannot run)."""
+    need = [False] * len(ins)
+    stack = [v for v, _ in stores]
+    while stack:
+        v = stack.pop()
+        if need[v]:
+            continue
+        need[v] = True
+        op, args = ins[v]
+        if strict:
+            stack.extend(_operands(op, args))
+        elif op not in _LEAVES:
+            stack.extend(args)
+    return need
+
+
+_LEAVES = frozenset(("const", "hoist", "param", "time", "idx", "lane"))
 
 
 def _operands(op: str, args: tuple) -> tuple:

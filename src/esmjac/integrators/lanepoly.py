@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from ..compile.tape import live
+
 __all__ = ["PolyBody", "expand", "run_poly", "scratch_size", "MAX_GROWTH", "BLOCK"]
 
 #: The expansion is refused when its terms (output terms plus monomial
@@ -144,17 +146,8 @@ def _polynomials(ins: list, stores: list, budget: int) -> dict:
     ``_DIV + k`` divides by the row or scalar of kind ``k``); a division by a
     monomial keeps its factors as divisors (``k/A·A`` stays ``k·A/A``: at
     ``A = 0`` it is NaN, as on the tape)."""
-    need = [False] * len(ins)
+    need = live(ins, stores, strict=False)
     uses = [0] * len(ins)
-    stack = [v for v, _ in stores]
-    while stack:
-        v = stack.pop()
-        if need[v]:
-            continue
-        need[v] = True
-        op, args = ins[v]
-        if op not in ("const", "hoist", "param", "time", "idx", "lane"):
-            stack.extend(args)
     for v, (op, args) in enumerate(ins):
         if need[v] and op not in ("const", "hoist", "param", "time", "idx", "lane"):
             for a in args:

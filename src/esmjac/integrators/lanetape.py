@@ -36,7 +36,7 @@ import numba as nb
 import numpy as np
 
 from ..compile.ssa import Block
-from ..compile.tape import CHUNK, OPS, Tape, unary_op
+from ..compile.tape import CHUNK, OPS, Tape, live, unary_op
 
 __all__ = ["encode_fused", "run_fused", "FUSED_BASE", "CONST_BASE"]
 
@@ -94,15 +94,7 @@ def encode_fused(blk: Block, stores: list, fuse: bool = True) -> Tape:
             return tuple(a for a in args if src(a) is None)
         return _operands(op, args)
 
-    need = [False] * len(ins)
-    stack = [v for v, _ in stores]
-    while stack:
-        v = stack.pop()
-        if need[v]:
-            continue
-        need[v] = True
-        op, args = ins[v]
-        stack.extend(_operands(op, args))      # every operand's value is computed (rows are free)
+    need = live(ins, stores, strict=False)        # every operand's value is computed (rows are free)
     # a lane or constant leaf read only through fused operands needs no register
     regd = [False] * len(ins)
     for v, _ in stores:
