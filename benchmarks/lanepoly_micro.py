@@ -1,5 +1,5 @@
 """The leaf's hoisted bodies on GEOS-Chem fullchem: the mass-action kernel
-(esmjac.integrators.lanepoly.run_poly) against the lane tape
+(esmjac.compile.massaction.run_poly) against the lane tape
 (esmjac.integrators.lanetape.run_fused), per lane per call.
 
     python benchmarks/lanepoly_micro.py [--mech PATH] [--lanes 64] [--calls 200] [--leaf-cells 1000 --rounds 4]
@@ -10,7 +10,7 @@ CPU time (``time.thread_time``) of each call, the two routes interleaved
 call by call; the load average is recorded. Values are checked first: the
 kernel against the tape to 1e-13 of the sum of the terms' magnitudes (the
 kernel's expanded sums round differently), and the NaN pattern must agree.
-Also reported: the expansion's CPU time at build (:func:`lanepoly.expand`
+Also reported: the expansion's CPU time at build (:func:`massaction.expand`
 on both bodies), monomials and terms against the tape's instructions.
 
 ``--leaf-cells N``: then the whole leaf on N cells, one 20-minute advance,
@@ -42,7 +42,7 @@ def main(argv=None):
     from esmjac.compile.twins import serial_twin
     from esmjac.integrators.bound import lane_hoist
     from esmjac.integrators.lanehoist import _ssa
-    from esmjac.integrators.lanepoly import BLOCK, PolyBody, expand, run_poly, scratch_size
+    from esmjac.compile.massaction import BLOCK, PolyBody, expand, run_poly, scratch_size
     from esmjac.integrators.lanetape import run_fused
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -424,7 +424,7 @@ ROUTES = {
     "published-mixed": ("leaf Rodas3, the published document, precision=mixed", False, {"precision": "mixed"}),
     "hoisted-oldblock": ("leaf Rodas3, rates hoisted, 1,024-lane blocks (before #25)", True,
                          {"_block_bytes": 1 << 40}),
-    # the hoisted bodies on the lane tape instead of the mass-action kernel (integrators.lanepoly)
+    # the hoisted bodies on the lane tape instead of the mass-action kernel (compile.massaction)
     "published-tape": ("leaf Rodas3, as published, hoisted bodies on the lane tape (before lanepoly)", False,
                        {"_poly": False}),
     "published-mixed-tape": ("leaf Rodas3, as published, precision=mixed, bodies on the lane tape", False,

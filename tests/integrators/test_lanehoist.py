@@ -6,7 +6,7 @@ Oracles: the unsplit tapes (the programs as built, run by the same
 interpreter: the split must reproduce their bits), the leaf with
 ``hoist_rates=False`` (bitwise, every lane and counter, when the cut bodies
 run on the lane tape; within 1e-9 of the tolerance and the same counters
-when they run on the mass-action kernel, esmjac.integrators.lanepoly, whose
+when they run on the mass-action kernel, esmjac.compile.massaction, whose
 sums are expanded: its own tests are tests/integrators/test_lanepoly.py),
 SciPy's Radau at rtol 1e-10 on the program's right-hand side (an
 independent integrator).

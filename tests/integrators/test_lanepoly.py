@@ -1,4 +1,4 @@
-"""The leaf's mass-action kernel (esmjac.integrators.lanepoly): hoisted bodies
+"""The leaf's mass-action kernel (esmjac.compile.massaction): hoisted bodies
 expanded into sums of monomials and run by one generic kernel.
 
 Oracles: NumPy evaluations of hand-written formulas (the expansion of a
@@ -24,7 +24,7 @@ from esmjac.compile.engine import NO_SLOTS, run_tapes
 from esmjac.compile.tape import run_tape
 from esmjac.integrators import bound
 from esmjac.integrators.bound import BoundPrograms, lane_hoist
-from esmjac.integrators.lanepoly import MAX_GROWTH, PolyBody, expand, run_poly, scratch_size
+from esmjac.compile.massaction import MAX_GROWTH, PolyBody, expand, run_poly, scratch_size
 from esmjac.models.mechanism import lift
 from tests.support.programs import TROPO12
 

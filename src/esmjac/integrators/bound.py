@@ -13,7 +13,7 @@ import numpy as np
 from ..compile.codegen import tile_scratch
 from ..compile.engine import NO_SLOTS, run_tapes
 from .lanehoist import LaneSplit, split
-from .lanepoly import BLOCK, run_poly, scratch_size
+from ..compile.massaction import BLOCK, run_poly, scratch_size
 from .lanetape import run_fused
 from ..compile.tape import run_tape
 from ..compile.twins import serial_twin
@@ -23,7 +23,7 @@ from ..runtime import kernels as K
 __all__ = ["bind_kernel", "BoundPrograms", "LaneHoist", "lane_hoist", "POLY"]
 
 #: Whether a hoisted body that is a polynomial in the state runs on the
-#: mass-action kernel (:mod:`esmjac.integrators.lanepoly`) instead of the
+#: mass-action kernel (:mod:`esmjac.compile.massaction`) instead of the
 #: lane tape; read when a leaf binds its programs (benchmarks compare both).
 POLY = True
 
@@ -162,7 +162,7 @@ class BoundPrograms:
         def r(u, fz, cix, m, out):
             run_fused(rf.code, rf.consts, u, fz, p, t, hr, cix, out, m, rf.nreg, 0, 0, m, NO_SLOTS)
         self.rhs = r
-        # -- the mass-action kernel's call sites (integrators.lanepoly) -----
+        # -- the mass-action kernel's call sites (compile.massaction) ----
         rp, jp = (hz.rhs.poly, hz.jac.poly) if POLY else (None, None)
         if rp is not None:
             ra, rs = rp.arrays(), np.empty(scratch_size(rp, 0))

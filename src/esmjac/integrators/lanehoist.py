@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ..compile.ssa import Block
 from ..compile.tape import OPS, Tape, encode
-from .lanepoly import PolyBody, expand
+from ..compile.massaction import PolyBody, expand
 from .lanetape import encode_fused
 
 __all__ = ["LaneSplit", "split"]
@@ -47,7 +47,7 @@ class LaneSplit:
     row0: int
     rows: int
     scheduled: Tape | None = None   # ``body`` re-scheduled for few registers (integrators.lanetape)
-    poly: PolyBody | None = None    # ``body`` as a sum of monomials, when it is one (integrators.lanepoly)
+    poly: PolyBody | None = None    # ``body`` as a sum of monomials, when it is one (compile.massaction)
 
 
 def _ssa(tape: Tape) -> tuple:

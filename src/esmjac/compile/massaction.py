@@ -1,4 +1,9 @@
-"""The leaf's mass-action kernel: a hoisted body run as a sum of monomials.
+"""The mass-action kernel: a body run as a sum of monomials.
+
+Mechanism-independent, below the runtime and the integrators so that
+both can use it (the leaf binds it in :mod:`esmjac.integrators.lanehoist`,
+each hoisted body's ``poly``, and :mod:`esmjac.integrators.bound`, the
+call sites).
 
 After lane hoisting (:mod:`esmjac.integrators.lanehoist`) a mass-action
 body is a polynomial in the state: every stored value (a right-hand side
@@ -13,7 +18,7 @@ times ``SALAAL``: ``k·A/A`` is not cancelled, so at ``A = 0`` the value is
 NaN as on the tape). Anything else — a division by a sum, a non-integer
 power, a function of a state, the time, a cell index — or an expansion of
 more than :data:`MAX_GROWTH` × the body's instructions gives None, and the
-leaf keeps the tape (:func:`esmjac.integrators.lanetape.run_fused`).
+caller keeps the tape (the leaf: :func:`esmjac.integrators.lanetape.run_fused`).
 
 :func:`run_poly` runs the result: one generic kernel compiled once per
 machine, data-driven by read-only int32 / float64 arrays (nothing
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-from ..compile.tape import live
+from .tape import live
 
 __all__ = ["PolyBody", "expand", "run_poly", "scratch_size", "MAX_GROWTH", "BLOCK"]
 
