@@ -22,11 +22,11 @@ L4 tiles and the per-step lower bound (issue #16): the L1 grid (tropo12 ×
 ``--cells``) through the leaf with the default lane tiles (LaneSparseBlocks
 ``tile=16``) and with ``tile=None`` (one tile, the layout before #16): cells/s
 of each, and their CPU time against the step's lower bound, i.e. for every
-step attempt the leaf made (its active lanes and states, recorded once
-outside the timing) one Jacobian evaluation, one LU factorisation of
+step attempt the leaf made one Jacobian evaluation, one LU factorisation of
 ``I/(hγ) − J`` (the leaf's fused assembly-and-factorisation call), the
-stages' right-hand side calls and the stages' triangular solves, each timed
-on its own with the same bound calls the leaf makes on the recorded states.
+stages' right-hand side calls and the stages' triangular solves (with the
+right-hand side combinations fused into them), each timed in place, as the
+leaf runs it, in a traced run after each timed one (:class:`StepParts`).
 Before timing: the two leaves' final states are bitwise equal and within the
 BDF reference's tolerance; the bound's Jacobian equals the untiled one's
 and its factor-and-solve matches a dense NumPy solve on sampled lanes.
@@ -260,65 +260,137 @@ def bench_adjoint(cells, reps, out):
     return out
 
 
-class _Trace:
-    """Records, per step attempt of each lane block, the leaf's active lane
-    count and the states its Jacobian call sees (outside any timing)."""
+#: The leaf's step, by part: the stepper's calls from Python that
+#: :class:`StepParts` times in place (lanestep's module-level kernels, looked up
+#: as globals by ``LaneStepper.run`` on every call), grouped as the benchmark
+#: reports them. Calls nested inside compiled code are not Python calls and are
+#: timed with their caller (``_finish`` holds the error norm, the guards and the
+#: step control; ``_prep_and_factor`` the step sizes and the factorisation).
+STEP_PARTS = {
+    "lu": ("_prep_and_factor", "factor_shifted_rows", "_sub_factor"),
+    "solves": ("_stage_solve",),
+    "control": ("_finish", "_check_step", "_control", "_aged", "_reuse_plan", "_shared_bad", "_shared_min",
+                "_h_start"),
+    "compaction": ("_retire", "_squeeze_lane", "_squeeze_rows", "_squeeze_tiled", "_scatter_all"),
+    "gathers": ("_gather", "_tiled_copy"),
+    "time-dependent forcing": ("_fd_times", "_fd_time", "_times"),
+}
+
+
+def _timer_cost(n=2000) -> float:
+    """CPU seconds an empty ``thread_time`` interval reads (the clock is a
+    system call here: ≈ 2 µs a read on this machine, not negligible per call)."""
+    tt = time.thread_time
+    d = []
+    for _ in range(n):
+        t0 = tt()
+        d.append(tt() - t0)
+    return statistics.median(d)
+
+
+class StepParts:
+    """Times the leaf's own calls in place during an advance, by part.
+
+    Inside ``with StepParts(steppers) as sp:`` every stepper's ``rhs``,
+    ``jac`` and ``lane_prologue`` and every lanestep kernel of
+    :data:`STEP_PARTS` that ``LaneStepper.run`` calls from Python is wrapped:
+    its CPU time (``time.thread_time``, less the calibrated cost of an empty
+    interval) and its number of calls are summed by part. The parts are then
+    what actually ran — the stage solves with their fused right-hand sides and
+    combinations, the end of each attempt with its error norm — on the states,
+    caches and lane counts of the real run. Σ parts is less than the traced
+    run's own CPU time by the Python between calls plus the wrappers' and the
+    clock's cost (≈ 2 µs a call); against an untraced run's total, the rest is
+    the driver's Python and dispatch (``remainder``). One thread only (the
+    wrappers replace module globals while inside the ``with``)."""
 
     def __init__(self, steppers):
-        self.calls = []
-        for b, st in enumerate(steppers):
-            st.jac = self._wrap(b, st, st.jac)
+        from esmjac.integrators import lanestep
+        self.mod, self.steppers = lanestep, list(steppers)
+        self.cpu: dict = {}
+        self.calls: dict = {}
+        self.overhead = _timer_cost()
+        self._saved: list = []
 
-    def _wrap(self, b, st, jac):
-        def j(u, fz, cix, m, out):
+    def _wrap(self, kind, fn):
+        tt, cpu, calls, c = time.thread_time, self.cpu, self.calls, self.overhead
+        cpu.setdefault(kind, 0.0)
+        calls.setdefault(kind, 0)
+
+        def w(*a):
+            t0 = tt()
+            r = fn(*a)
+            cpu[kind] += tt() - t0 - c
+            calls[kind] += 1
+            return r
+        return w
+
+    def __enter__(self):
+        for kind, names in STEP_PARTS.items():
+            for name in names:
+                fn = getattr(self.mod, name)
+                self._saved.append((self.mod, name, fn))
+                setattr(self.mod, name, self._wrap(kind, fn))
+        for st in self.steppers:
+            for attr, kind in (("rhs", "rhs"), ("jac", "jac"), ("lane_prologue", "rates")):
+                fn = getattr(st, attr)
+                if fn is not None:
+                    self._saved.append((st, attr, fn))
+                    setattr(st, attr, self._wrap(kind, fn))
+        return self
+
+    def __exit__(self, *exc):
+        for obj, name, fn in reversed(self._saved):
+            setattr(obj, name, fn)
+        self._saved.clear()
+
+    def per(self, count: int) -> dict:
+        """µs per ``count`` (e.g. per cell-step) of each part that ran, and the
+        calls per ``count`` of each."""
+        ran = [k for k, n in self.calls.items() if n]
+        return ({k: self.cpu[k] / count * 1e6 for k in ran}, {k: self.calls[k] / count for k in ran})
+
+
+class _Trace:
+    """Records, per step attempt of each lane block, the leaf's active lane
+    count, the states its Jacobian call saw and the step sizes its
+    factorisation used (outside any timing): wraps lanestep's
+    ``_prep_and_factor``, after which ``hs`` holds the attempt's steps and Y,
+    the fields and the cell indices are still the attempt's."""
+
+    def __init__(self, steppers):
+        from esmjac.integrators import lanestep
+        self.calls, self.mod = [], lanestep
+        self.saved = lanestep._prep_and_factor
+        byid = {id(st.hs): (b, st) for b, st in enumerate(steppers)}
+        inner = self.saved
+
+        def pf(t, h, tend, done, m, hs, *rest):
+            inner(t, h, tend, done, m, hs, *rest)
+            b, st = byid[id(hs)]
             n, nf, ncd = st.n, st.nf, st.ncd
-            self.calls.append((b, m, u[:n * m].copy(), fz[:max(nf * m, 1)].copy(),
-                               cix[:max(ncd * m, 1)].copy(), st.hs[:m].copy()))
-            return jac(u, fz, cix, m, out)
-        return j
+            self.calls.append((b, m, st.Y[:n * m].copy(), st.FZ[:max(nf * m, 1)].copy(),
+                               st.cix[:max(ncd * m, 1)].copy(), hs[:m].copy()))
+        lanestep._prep_and_factor = pf
+
+    def restore(self):
+        self.mod._prep_and_factor = self.saved
 
 
 def _bound_calls(st, call):
-    """The bound's calls of one recorded step attempt on stepper ``st``:
-    (name, thunk) pairs in the leaf's order (rhs at the step point, Jacobian,
-    factorisation, then per stage its solve and, where the stage needs a new
-    f, its rhs)."""
+    """The step's kernels on one recorded step attempt of stepper ``st`` (for
+    :func:`_verify_bound`'s value checks): rhs at the step point, Jacobian,
+    factorisation of ``I/(hγ) − J``."""
     from esmjac.integrators.lanestep import lu_tile
-    from esmjac.linalg.sparse_lu import CHUNK, factor_shifted_rows, solve_lanes
+    from esmjac.linalg.sparse_lu import CHUNK, factor_shifted_rows
     _, m, y, fz, cix, hs = call
     lu, tab = st.lu, st.tab
     W = m if st.tile is None else st.tile
     WA = lu_tile(m)
-    n = st.n
-    b = st.K[0]
-
-    def reset():
-        b[:n * m] = st.F0[:n * m]
-
-    out = [("rhs", lambda: st.rhs(y, fz, cix, m, st.F0)),
-           ("jac", lambda: st.jac(y, fz, cix, m, st.J)),
-           ("lu", lambda: factor_shifted_rows(st.J, W, st.Wm, WA, hs, tab.gamma, lu.nnz, m, CHUNK,
-                                              *st.fops, st.bad, *st.rops))]
-    for i in range(tab.stages):
-        if i > 0 and tab.newf[i]:
-            out.append(("rhs", lambda: st.rhs(y, fz, cix, m, st.Fs)))
-        out.append(("solve", (reset, lambda: solve_lanes(st.Wm, b, lu.nnz, m, WA, CHUNK, *st.sops))))
-    return out
-
-
-def _time_bound(st_list, calls):
-    """Σ over recorded step attempts of each bound call's CPU time, by kind."""
-    tot = {"rhs": 0.0, "jac": 0.0, "lu": 0.0, "solve": 0.0}
-    for call in calls:
-        st = st_list[call[0]]
-        for name, fn in _bound_calls(st, call):
-            if isinstance(fn, tuple):
-                fn[0]()
-                fn = fn[1]
-            t0 = time.thread_time()
-            fn()
-            tot[name] += time.thread_time() - t0
-    return tot
+    return [("rhs", lambda: st.rhs(y, fz, cix, m, st.F0)),
+            ("jac", lambda: st.jac(y, fz, cix, m, st.J)),
+            ("lu", lambda: factor_shifted_rows(st.J, W, st.Wm, WA, hs, tab.gamma, lu.nnz, m, CHUNK,
+                                               *st.fops, st.bad, *st.rops))]
 
 
 def _verify_bound(steppers_t, steppers_u, calls):
@@ -373,18 +445,21 @@ def bench_tiles_bound(cells, reps, out):
     ref = _reference(_tropo, ref_idx, u, fj, 1, n, L)
     err = _err(finals["default tile"].reshape(n, L)[:, ref_idx], ref, np.asarray(lt.atol))
     assert err < 1e-2, err
-    # the recorded step attempts (one traced run of the default leaf, untimed)
+    # the recorded step attempts (one traced run of the default leaf, untimed): the values check
     steppers_t = lt._scratch_for(L, 1)[1]
     steppers_u = lu_._scratch_for(L, 1)[1]
-    saved = [s.jac for s in steppers_t]
     tr = _Trace(steppers_t)
     v = u.copy()
-    st = lt.advance(v, 0.0, DT, forcing=fj)
-    for s, j in zip(steppers_t, saved):
-        s.jac = j
+    try:
+        st = lt.advance(v, 0.0, DT, forcing=fj)
+    finally:
+        tr.restore()
     assert np.array_equal(v, finals["default tile"])
     calls = tr.calls
     _verify_bound(steppers_t, steppers_u, calls)
+    # the bound: the step's kernels (RHS, Jacobian, LU, the stage solves with their
+    # combinations) timed in place in a traced run after each timed one (StepParts)
+    kernels = ("rhs", "jac", "lu", "solves")
     res = {k: {"cpu": [], "bound": []} for k in leaves}
     loads = [_load()]
     for rep in range(reps):
@@ -393,7 +468,11 @@ def bench_tiles_bound(cells, reps, out):
             c, _ = _cpu(lambda: lf.advance(v, 0.0, DT, forcing=fj))
             res[name]["cpu"].append(c)
             sts = steppers_t if name == "default tile" else steppers_u
-            res[name]["bound"].append(_time_bound(sts, calls))
+            w = u.copy()
+            with StepParts(sts) as sp:
+                lf.advance(w, 0.0, DT, forcing=fj)
+            assert np.array_equal(w, v)
+            res[name]["bound"].append({k: sp.cpu.get(k, 0.0) for k in kernels})
         loads.append(_load())
     lines = {}
     for name, r in res.items():

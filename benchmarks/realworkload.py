@@ -25,9 +25,17 @@ step (``leaf.advance(u, 0, 1200)``), ``rtol`` 1e-3, one thread.
 Definitions. A *cell-step* is one step attempt of one cell (what KPP's and
 MICM's per-step figures count: one Jacobian, one factorisation, the stages'
 solves and right-hand sides); "per 20 min" is per cell per chemistry step.
-Parts (RHS, Jacobian, LU, solves) are the leaf's own bound calls timed one by
-one on every recorded step attempt of one traced run (benchmarks/leaf.py
-"L4"); "step control + Python" is the rest of the measured total. Accuracy:
+Parts: every call the leaf's step driver makes from Python — RHS, Jacobian,
+LU (with ``I/(hγ) − J``), the stage solves (each with its right-hand side
+combination and the next stage's argument fused in), error norm + step
+control, lane compaction, gathers, the rate rows — timed in place during
+one more, traced, run (benchmarks/leaf.py ``StepParts``: ``thread_time``
+around each call, less the calibrated cost of an empty interval); "driver
+Python" is the rest: the measured (untraced) total less those parts, i.e.
+the driver's Python between calls (each part includes its own call's
+dispatch). Engines: ``rhs_engine``/``jac_engine`` say what runs the bodies
+in the step (with hoisted rates: ``poly``, the mass-action kernel, or the
+lane tape), ``program_engines`` the programs' own. Accuracy:
 max relative error over species above 1e3·atol against a tight BDF solve
 (``solve_ivp`` BDF, esmjac's exact sparse Jacobian, rtol 1e-7) of sampled
 cells. Byte and flop bounds per cell-step: the LU (Markowitz order with
@@ -191,38 +199,6 @@ def rel_err(y, ref, atol_s):
     return float(np.max(np.abs(y - ref)[big] / np.abs(ref[big])))
 
 
-class _Trace:
-    """Records every Jacobian call of the leaf's steppers (the step attempts)."""
-
-    def __init__(self, steppers):
-        self.calls, self.steppers, self.saved = [], steppers, [s.jac for s in steppers]
-        self.saved_pro = [s.lane_prologue for s in steppers]
-        self.pro_cpu = 0.0
-        for b, st in enumerate(steppers):
-            st.jac = self._wrap(b, st, st.jac)
-            if st.lane_prologue is not None:
-                st.lane_prologue = self._timed(st.lane_prologue)
-
-    def _timed(self, fn):
-        def pro(*a):
-            t0 = time.thread_time()
-            fn(*a)
-            self.pro_cpu += time.thread_time() - t0
-        return pro
-
-    def _wrap(self, b, st, jac):
-        def j(u, fz, cix, m, out):
-            n, nf, ncd = st.n, st.nf, st.ncd
-            self.calls.append((b, m, u[:n * m].copy(), fz[:max(nf * m, 1)].copy(),
-                               cix[:max(ncd * m, 1)].copy(), st.hs[:m].copy()))
-            return jac(u, fz, cix, m, out)
-        return j
-
-    def restore(self):
-        for s, j, pr in zip(self.steppers, self.saved, self.saved_pro):
-            s.jac, s.lane_prologue = j, pr
-
-
 def _bandwidth() -> float:
     a = np.ones(16_000_000)
     b = np.empty_like(a)
@@ -238,7 +214,7 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
                hoisted=False):
     """One leaf route on ``L`` cells: its CPU time per cell-step, its parts and accuracy."""
     from esmjac.adapters.native import rosenbrock
-    from leaf import _time_bound
+    from leaf import StepParts
     names = cell_parameters(doc)
     t0 = time.process_time()
     if hoisted:
@@ -263,8 +239,12 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
            "rejected": int(st.nreject.sum()), "njev": int(st.njev.sum()), "nfev": int(st.nfev.sum()),
            "ndec": int(st.ndec.sum()) if hasattr(st, "ndec") else None,
            "conditions": info, "lu_slots": int(leaf._lu.nnz), "lu_flops": list(leaf._lu.flops),
-           "jac_engine": leaf.jac_program.kernel.engine, "rhs_engine": leaf.rhs_program.kernel.engine,
            "block_lanes": int(leaf._scratch_for(L, 1)[0][0][1]), "precision": leaf.precision}
+    # what runs the bodies in the leaf's step (the bound programs: with hoisted rates
+    # the mass-action kernel "poly" or the lane tape), and the programs' own engines
+    eng = leaf._scratch_for(L, 1)[1][0].engines
+    res.update(rhs_engine=eng.get("rhs"), jac_engine=eng.get("jac"),
+               program_engines={"rhs": leaf.rhs_program.kernel.engine, "jac": leaf.jac_program.kernel.engine})
     if hoisted:
         res["n_rate_fields"] = len(obj.rnames)
     for _ in range(reps):
@@ -282,23 +262,30 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
     res["cells_per_s"] = L / cpu
     res["steps_per_cell"] = res["attempts"] / L
     if trace:
+        # the parts: every call of the step timed in place in one more (traced) run
         lf_fz = obj.forcing_of(fz, L) if hoisted else fz
         steppers = leaf._scratch_for(L, 1)[1]
-        tr = _Trace(steppers)
         v = u0.copy()
-        leaf.advance(v, 0.0, DT, forcing=lf_fz)
-        tr.restore()
+        t0 = time.thread_time()
+        with StepParts(steppers) as sp:
+            leaf.advance(v, 0.0, DT, forcing=lf_fz)
+        traced = time.thread_time() - t0
         assert np.array_equal(v, final)
-        parts = _time_bound(steppers, tr.calls)
-        parts = {k: val / res["attempts"] * 1e6 for k, val in parts.items()}
-        if tr.pro_cpu:
-            parts["rate coefficients in the leaf (once per advance)"] = tr.pro_cpu / res["attempts"] * 1e6
+        cpu_parts, calls = sp.per(res["attempts"])
+        names_ = {"rhs": "rhs", "jac": "jac", "lu": "lu", "solves": "stage solves (with their combinations)",
+                  "control": "error norm + step control", "compaction": "lane compaction",
+                  "gathers": "gathers", "rates": "rate coefficients in the leaf (once per advance)"}
+        parts = {names_.get(k, k): val for k, val in cpu_parts.items()}
         if hoisted:
             c, _ = _cpu(lambda: obj.forcing_of(fz, L))
             parts["rate coefficients (once per 20 min)"] = c / res["attempts"] * 1e6
-        parts["step control + Python"] = res["us_per_cell_step"] - sum(parts.values())
+        parts["driver Python (the rest)"] = res["us_per_cell_step"] - sum(parts.values())
         res["parts_us_per_cell_step"] = parts
-        res["block_steps"] = len(tr.calls)
+        res["calls_per_cell_step"] = {names_.get(k, k): val for k, val in calls.items()}
+        res["block_attempts"] = sp.calls.get("solves", 0) // leaf._tab.stages
+        res["calls_per_block_attempt"] = sum(sp.calls.values()) / max(res["block_attempts"], 1)
+        res["traced_run_us_per_cell_step"] = traced / res["attempts"] * 1e6
+        res["timer_overhead_us_per_call"] = sp.overhead * 1e6
     if ref is not None:
         idx, yref = ref
         res["err_vs_bdf"] = rel_err(final.reshape(n, L)[:, idx], yref, np.asarray(leaf.atol))

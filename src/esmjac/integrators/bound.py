@@ -105,6 +105,10 @@ class BoundPrograms:
         #: kernel: its build compiled that signature); the hoisted tapes
         #: run on the leaf's writable field rows.
         self.readonly_fields = hoist is None
+        #: What runs the bodies: "poly" (the mass-action kernel), "lane tape"
+        #: (``lanetape.run_fused``), or the programs' own engine ("tape",
+        #: "codegen"); the Jacobian's with how it stores (benchmarks report it).
+        self.engines = {"rhs": rhs.kernel.engine, "jac": jac.kernel.engine}
         if hoist is not None:
             self._bind_hoisted(leaf, p, t, plan, hoist, capacity)
             return
@@ -123,6 +127,7 @@ class BoundPrograms:
                     run(u, fz, cix, m, out, scr[0])
             else:
                 j = run
+            self.engines["jac"] = "codegen, direct tile stores"
         elif plan.kind == "lane" and plan.tiled:
             # The tape engine's direct writes: the Jacobian tape stores
             # straight into the plan's tile slots (no band slab, no scatter
@@ -132,6 +137,7 @@ class BoundPrograms:
             j = jac.direct_tape(plan).bind_lanes(p, t, np.zeros(max(jac.kernel.n_hoist, 1)),
                                                  int(plan.info["slots_per_lane"]), plan.tile_width,
                                                  plan.capacity)
+            self.engines["jac"] = "tape, direct tile stores"
         else:
             slab = bind_kernel(jac.kernel, p, t)
             slabs = [np.zeros(max(jac.n_fields * capacity, 1))]
@@ -141,6 +147,7 @@ class BoundPrograms:
                     slabs[0] = np.zeros(jac.n_fields * m)
                 slab(u, fz, cix, m, slabs[0])
                 K.scatter(plan, slabs[0], m, out)
+            self.engines["jac"] = f"{jac.kernel.engine}, slab + scatter"
         self.jac = j
 
     def _bind_hoisted(self, leaf, p, t, plan, hz: LaneHoist, capacity: int) -> None:
@@ -162,6 +169,7 @@ class BoundPrograms:
         def r(u, fz, cix, m, out):
             run_fused(rf.code, rf.consts, u, fz, p, t, hr, cix, out, m, rf.nreg, 0, 0, m, NO_SLOTS)
         self.rhs = r
+        self.engines = {"rhs": "lane tape (hoisted rates)", "jac": "lane tape (hoisted rates)"}
         # -- the mass-action kernel's call sites (compile.massaction) ----
         rp, jp = (hz.rhs.poly, hz.jac.poly) if POLY else (None, None)
         if rp is not None:
@@ -170,6 +178,7 @@ class BoundPrograms:
             def r(u, fz, cix, m, out):
                 run_poly(*ra, u, fz, hr, p, out, m, 0, 0, m, NO_SLOTS, BLOCK, rs)
             self.rhs = r
+            self.engines["rhs"] = "poly (mass-action kernel, hoisted rates)"
         if jp is not None and _direct(plan):
             ft = jac.direct_tape(plan)
             jpro, zs = ft.prologue, ft.zero_slots
@@ -178,6 +187,7 @@ class BoundPrograms:
 
             def j(u, fz, cix, m, out):
                 run_poly(*ja, u, fz, hj, p, out, m, tile_width(m), P, cap(m), zs, BLOCK, js)
+            self.engines["jac"] = "poly (mass-action kernel, hoisted rates), direct tile stores"
         # -- the lane tape's ---------------------------------------------------
         elif _direct(plan):
             ft = jac.direct_tape(plan)
@@ -187,6 +197,7 @@ class BoundPrograms:
             def j(u, fz, cix, m, out):
                 run_fused(jf.code, jf.consts, u, fz, p, t, hj, cix, out, m, jf.nreg, tile_width(m), P, cap(m),
                           zs)
+            self.engines["jac"] = "lane tape (hoisted rates), direct tile stores"
         else:
             jpro = jac.kernel.tapes[0]
             slabs = [np.zeros(max(jac.n_fields * capacity, 1))]
@@ -196,6 +207,7 @@ class BoundPrograms:
                     slabs[0] = np.zeros(jac.n_fields * m)
                 run_fused(jf.code, jf.consts, u, fz, p, t, hj, cix, slabs[0], m, jf.nreg, 0, 0, m, NO_SLOTS)
                 K.scatter(plan, slabs[0], m, out)
+            self.engines["jac"] = "lane tape (hoisted rates), slab + scatter"
         self.jac = j
         # the programs' prologues, once (one lane; they read neither state nor fields)
         u1, f1 = np.zeros(max(leaf.n_species, 1)), np.zeros(max(len(rhs.forcing_names) + hz.rows, 1))

@@ -803,6 +803,8 @@ class LaneStepper:
         #: Singularity guards (:func:`_err_guard`): |u| bound, and whether a
         #: negative value fails the lane (the leaf sets both).
         self.max_abs, self.nonnegative = math.inf, False
+        #: What runs ``rhs`` and ``jac`` (the binding's word, for reports).
+        self.engines: dict = {}
 
     # -- forcing ------------------------------------------------------------
     def _forcing_at(self, fcall, times, m):

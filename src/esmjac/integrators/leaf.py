@@ -508,6 +508,7 @@ class RosenbrockLeaf:
                                         lu_dtype=PRECISIONS[self.precision],
                                         lane_prologue=b.lane_prologue, n_hoisted=rows,
                                         readonly_fields=b.readonly_fields))
+            steppers[-1].engines = dict(b.engines)
         i64 = np.int64
         stats = LeafStats(status=np.zeros(L, np.int8), **{c: np.zeros(L, i64) for c in _COUNTERS},
                           h=np.zeros(L), t=np.zeros(L))
