@@ -518,13 +518,17 @@ def test_non_finite_jacobian_lane_is_contained():
             assert np.all(st.status[others] != 0) and np.all(st.naccept == 0)
 
 
-@pytest.mark.parametrize("m, dtype, gdt", [(37, np.float64, 0.0), (300, np.float64, 0.25), (64, np.float32, 0.0)])
+@pytest.mark.parametrize("m, dtype, gdt", [(37, np.float64, 0.0), (300, np.float64, 0.25), (64, np.float32, 0.0),
+                                           (10, np.float64, 0.0)])
 def test_stage_solve_in_one_pass_per_direction_gives_the_separate_passes_bits(m, dtype, gdt):
     # the leaf's stage call forms each row's right-hand side inside the forward
     # substitution and each row of the next combination inside the backward
-    # one; oracle (bitwise): stage_rhs, then solve_lanes, then combine — the
+    # one, each row's substitution tile by tile (lu_tile: whole 16-lane tiles
+    # through sparse_lu.rowdot, a partial last tile through the loops);
+    # oracle (bitwise): stage_rhs, then solve_lanes, then combine — the
     # separate kernels the sensitivity replays use — on the same inputs, over
-    # Rodas3's four stages (one LU tile of m lanes, or CHUNK tiles at 300)
+    # Rodas3's four stages, the oracle's matrix in one tile of m lanes (the
+    # scalar loops: never a whole 16-lane tile)
     from esmjac.integrators import lanestep as LS
     from esmjac.linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes, tiled_size
     rng = np.random.default_rng(11)
@@ -534,12 +538,15 @@ def test_stage_solve_in_one_pass_per_direction_gives_the_separate_passes_bits(m,
     Fl = lu_fill([[P[order[i]][order[j]] for j in range(n)] for i in range(n)])
     lu = SparseLaneLU(n, tuple((i, j) for i in range(n) for j in range(n) if Fl[i][j]))
     WA = LS.lu_tile(m)
+    assert WA == (16 if m >= 16 else m)
     A = rng.uniform(-1, 1, (lu.nnz, m))
     A[lu.diag_slots] += n + 1.0
     Wm = np.zeros(tiled_size(lu.nnz, m, WA), dtype)
     ln = np.arange(m)
     Wm[((ln // WA)[None, :] * lu.nnz + np.arange(lu.nnz)[:, None]) * WA + (ln % WA)[None, :]] = A
     factor_lanes(Wm, lu.nnz, m, WA, CHUNK, *lu.factor_ops(), np.empty(m, np.int64))
+    Wr = np.ascontiguousarray(A.reshape(-1).astype(dtype))     # the oracle's: one tile of m lanes
+    factor_lanes(Wr, lu.nnz, m, m, CHUNK, *lu.factor_ops(), np.empty(m, np.int64))
     perm = rng.permutation(n).astype(np.int64)
     tab = METHODS["rodas3"]
     hs, F, Y, dfdt = rng.uniform(0.1, 10, m), rng.standard_normal(n * m), rng.random(n * m), rng.standard_normal(n * m)
@@ -555,7 +562,7 @@ def test_stage_solve_in_one_pass_per_direction_gives_the_separate_passes_bits(m,
                                 Y, nx, nv, nout, True)
             else:
                 LS.stage_rhs(F, K, i, ci, cv, hs, gdt, dfdt, perm, m, ch)
-                solve_lanes(Wm, K[i], lu.nnz, m, WA, CHUNK, *lu.solve_ops())
+                solve_lanes(Wr, K[i], lu.nnz, m, m, CHUNK, *lu.solve_ops())
                 LS.combine(Y, K, nx, nv, perm, m, nout)
             out.append((K[i].copy(), nout.copy()))
     half = len(out) // 2

@@ -76,14 +76,18 @@ def _shifted(kernel, lu):
     return lambda *a: factor_shifted_rows(*a, *lu.row_ops())
 
 
+@pytest.mark.parametrize("wa", ["chunk", "vec"])
 @pytest.mark.parametrize("kernel", ["lanes", "rows"])
 @pytest.mark.parametrize("L, WJ", [(3, None), (203, 16), (600, 5), (600, None)])
-def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kernel):
+def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kernel, wa):
     # factor_shifted_lanes / _rows read J in the Jacobian's tiles (WJ) and write
-    # I/(h_l γ) − J in the LU's own tiles (WA = CHUNK, or one tile below it);
+    # I/(h_l γ) − J in the LU's own tiles (WA = CHUNK, or one tile below it; or
+    # VEC: whole tiles through the vector intrinsics, a partial last tile
+    # through the loops, J's rows copied as runs when WJ = WA);
     # oracles: a dense NumPy solve per lane, and (bitwise) the separate
-    # assembly followed by the serial factor_lanes on untiled storage.
-    from esmjac.linalg.sparse_lu import CHUNK, factor_lanes, solve_lanes
+    # assembly followed by the serial factor_lanes on untiled storage (the
+    # scalar loops: one tile of L lanes is never a whole VEC-lane tile here).
+    from esmjac.linalg.sparse_lu import CHUNK, VEC, factor_lanes, solve_lanes
     lu, M, b = _system(L=L, seed=7)
     factor_shifted_lanes = _shifted(kernel, lu)
     rng = np.random.default_rng(1)
@@ -92,7 +96,7 @@ def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kerne
     gamma = 0.5
     W = L if WJ is None else WJ
     Jt = _tile(J, lu.nnz, L, W)
-    WA = CHUNK if L >= CHUNK else L
+    WA = (CHUNK if L >= CHUNK else L) if wa == "chunk" else (VEC if L >= VEC else L)
     A = np.full(tiled_size(lu.nnz, L, WA), np.nan)      # nothing may read what is not written
     bad = np.zeros(L, np.int64)
     factor_shifted_lanes(Jt, W, A, WA, hs, gamma, lu.nnz, L, CHUNK, *lu.factor_ops(), bad)
@@ -113,10 +117,13 @@ def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kerne
     assert np.array_equal(x, y)
 
 
-def test_row_by_row_assembly_reports_the_same_bad_pivots():
+@pytest.mark.parametrize("WA", [40, 16])
+def test_row_by_row_assembly_reports_the_same_bad_pivots(WA):
     # a NaN Jacobian entry (lane 7) and a zero pivot (lane 30: J = I/(hγ) on
     # row 0, so its shifted diagonal is 0): both kernels flag the same lanes
-    # and rows, and leave the other lanes bitwise equal
+    # and rows, and leave the other lanes bitwise equal (WA = 16: lanes 7 and
+    # 30 in whole 16-lane tiles, the vector path; lanes 32-39 a partial tile)
+    from esmjac.layouts.types import untile
     from esmjac.linalg.sparse_lu import CHUNK
     L, WJ, gamma = 40, 16, 0.5
     lu, M, b = _system(L=L, seed=3)
@@ -128,10 +135,10 @@ def test_row_by_row_assembly_reports_the_same_bad_pivots():
     Jt = _tile(J, lu.nnz, L, WJ)
     out = []
     for kernel in ("lanes", "rows"):
-        A = np.zeros(tiled_size(lu.nnz, L, L))
+        A = np.zeros(tiled_size(lu.nnz, L, WA))
         bad = np.zeros(L, np.int64)
-        _shifted(kernel, lu)(Jt, WJ, A, L, hs, gamma, lu.nnz, L, CHUNK, *lu.factor_ops(), bad)
-        out.append((A.reshape(lu.nnz, L), bad))
+        _shifted(kernel, lu)(Jt, WJ, A, WA, hs, gamma, lu.nnz, L, CHUNK, *lu.factor_ops(), bad)
+        out.append((untile(A, lu.nnz, L, WA), bad))
     (A0, b0), (A1, b1) = out
     assert b0[7] >= 0 and b0[30] == 0 and np.sum(b0 >= 0) == 2
     assert np.array_equal(b0, b1)

@@ -44,8 +44,9 @@ one tile of ``m`` lanes). Nothing converts that storage on the step path:
 the one pass a Rosenbrock step makes over ``J`` anyway, ``I/(h_l γ) − J``,
 is fused into the factorization, row by row (:func:`~esmjac.linalg.sparse_lu.factor_shifted_rows`)
 and writes the iteration matrix in the factorization's own lane tiles
-(:func:`lu_tile`: ``CHUNK`` lanes, so each elimination and solve op is one
-long unit-stride loop while the Jacobian keeps its short SIMD tiles).
+(:func:`lu_tile`: :data:`~esmjac.linalg.sparse_lu.VEC` lanes, so each
+elimination and solve op of a whole tile is one vector op, the same tile as
+the Jacobian's default, whose rows are then copied as contiguous runs).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from ..linalg.sparse_lu import CHUNK, SparseLaneLU, factor_shifted_rows, tiled_size
+from ..linalg.sparse_lu import CHUNK, VEC, SparseLaneLU, factor_shifted_rows, rowdot, tiled_size
 
 __all__ = ["STATUS", "LaneStepper", "RUNNING", "lu_tile", "gather", "assemble_w", "combine",
            "stage_rhs", "nonzero_terms"]
@@ -124,9 +125,11 @@ def _shared_min(x, m):
 
 def lu_tile(m: int) -> int:
     """Lane tile of the iteration matrix's storage at ``m`` active lanes:
-    ``CHUNK`` (one work item of the LU per tile), or one tile of ``m`` lanes
-    when fewer (no padding to a whole chunk)."""
-    return CHUNK if m >= CHUNK else max(int(m), 1)
+    :data:`~esmjac.linalg.sparse_lu.VEC` lanes (each elimination and solve
+    op of a whole tile one vector op of the tile's lanes, the row held in
+    registers; a partial last tile runs the general loops), or one tile of
+    ``m`` lanes when fewer."""
+    return VEC if m >= VEC else max(int(m), 1)
 
 
 @numba.njit(**_JIT)
@@ -637,13 +640,15 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
 
     One pass per direction: each row's stage right-hand side is formed right
     before its forward substitution, and each row of the combination right
-    after its backward substitution (while the row is in L1), tile by tile
-    of ``WA`` lanes (4 GEOS-Chem stages on 64 lanes: 8.09 → 7.60 µs per
-    lane against the three separate passes, load 7.5). Every value sees
-    the operations of :func:`_stage_rhs`, the triangular solves and
-    :func:`_combine` in the same order (the same bits): a row's forward
-    step reads only rows already substituted, the combination only rows
-    already solved, and ``nout`` is neither ``F`` nor ``Y``."""
+    after its backward substitution (while the row is in L1), over all ``m``
+    lanes, the row's substitution tile by tile of ``WA`` lanes in between
+    (a whole tile of :data:`~esmjac.linalg.sparse_lu.VEC` lanes as one
+    :func:`~esmjac.linalg.sparse_lu.rowdot`: the row held in registers
+    across its ops). Every value sees the operations of :func:`_stage_rhs`,
+    the triangular solves and :func:`_combine` in the same order (the same
+    bits): a row's forward step reads only rows already substituted, the
+    combination only rows already solved, and ``nout`` is neither ``F`` nor
+    ``Y``."""
     n = perm.shape[0]
     P = cidx.shape[0]
     Q = nidx.shape[0]
@@ -653,56 +658,66 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
         cv = cval[p]
         for l in range(m):
             c[l] = cv / hs[l]
-    for l0 in range(0, m, WA):
-        mt = min(WA, m - l0)
-        base = (l0 // WA) * nnz * WA
-        for r in range(n):
-            bi = Ki[r * m + l0:r * m + l0 + mt]
-            so = perm[r] * m + l0
-            fs = F[so:so + mt]
-            for l in range(mt):
-                bi[l] = fs[l]
-            for p in range(P):
-                kj = K[cidx[p], r * m + l0:r * m + l0 + mt]
-                c = ch[p * m + l0:p * m + l0 + mt]
-                for l in range(mt):
-                    bi[l] += c[l] * kj[l]
-            if gdt != 0.0:
-                ds = dfdt[so:so + mt]
-                hh = hs[l0:l0 + mt]
-                for l in range(mt):
-                    bi[l] += (gdt * hh[l]) * ds[l]
+    for r in range(n):
+        bi = Ki[r * m:r * m + m]
+        so = perm[r] * m
+        fs = F[so:so + m]
+        for l in range(m):
+            bi[l] = fs[l]
+        for p in range(P):
+            kj = K[cidx[p], r * m:r * m + m]
+            c = ch[p * m:p * m + m]
+            for l in range(m):
+                bi[l] += c[l] * kj[l]
+        if gdt != 0.0:
+            ds = dfdt[so:so + m]
+            for l in range(m):
+                bi[l] += (gdt * hs[l]) * ds[l]
+        for l0 in range(0, m, WA):
+            mt = min(WA, m - l0)
+            base = (l0 // WA) * nnz * WA
+            if mt == VEC and WA == VEC:
+                rowdot(Ki, r * m + l0, Wm, base, fwd_slot, fwd_col, fwd_ptr[r], fwd_ptr[r + 1], Ki, m, l0, -1)
+                continue
+            bt = Ki[r * m + l0:r * m + l0 + mt]
             for q in range(fwd_ptr[r], fwd_ptr[r + 1]):
                 ao = base + fwd_slot[q] * WA
                 a = Wm[ao:ao + mt]
                 jo = fwd_col[q] * m + l0
                 bj = Ki[jo:jo + mt]
                 for l in range(mt):
-                    bi[l] -= a[l] * bj[l]
-        for r in range(n - 1, -1, -1):
-            bi = Ki[r * m + l0:r * m + l0 + mt]
+                    bt[l] -= a[l] * bj[l]
+    for r in range(n - 1, -1, -1):
+        for l0 in range(0, m, WA):
+            mt = min(WA, m - l0)
+            base = (l0 // WA) * nnz * WA
+            if mt == VEC and WA == VEC:
+                rowdot(Ki, r * m + l0, Wm, base, bwd_slot, bwd_col, bwd_ptr[r], bwd_ptr[r + 1], Ki, m, l0,
+                       piv[r])
+                continue
+            bt = Ki[r * m + l0:r * m + l0 + mt]
             for q in range(bwd_ptr[r], bwd_ptr[r + 1]):
                 ao = base + bwd_slot[q] * WA
                 a = Wm[ao:ao + mt]
                 jo = bwd_col[q] * m + l0
                 bj = Ki[jo:jo + mt]
                 for l in range(mt):
-                    bi[l] -= a[l] * bj[l]
+                    bt[l] -= a[l] * bj[l]
             do = base + piv[r] * WA
             d = Wm[do:do + mt]
             for l in range(mt):
-                bi[l] = bi[l] / d[l]
-            if comb:
-                so = perm[r] * m + l0
-                o = nout[so:so + mt]
-                y = Y[so:so + mt]
-                for l in range(mt):
-                    o[l] = y[l]
-                for p in range(Q):
-                    kj = K[nidx[p], r * m + l0:r * m + l0 + mt]
-                    v = nval[p]
-                    for l in range(mt):
-                        o[l] += v * kj[l]
+                bt[l] = bt[l] / d[l]
+        if comb:
+            so = perm[r] * m
+            o = nout[so:so + m]
+            y = Y[so:so + m]
+            for l in range(m):
+                o[l] = y[l]
+            for p in range(Q):
+                kj = K[nidx[p], r * m:r * m + m]
+                v = nval[p]
+                for l in range(m):
+                    o[l] += v * kj[l]
 
 
 def _nz(coefs) -> tuple[np.ndarray, np.ndarray]:

@@ -1045,7 +1045,7 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         ``tile``; default :data:`~esmjac.layouts.types.DEFAULT_TILE`, 16;
         None: one tile of the active lanes). The iteration matrix
         ``I/(hγ) − J`` is written, in the same pass that assembles it, in
-        the factorization's own ``CHUNK``-lane tiles
+        the factorization's own 16-lane tiles
         (:func:`esmjac.integrators.lanestep.lu_tile`). Results are bitwise
         the same for any value; the default measured fastest
         (benchmarks/leaf.py "L4").

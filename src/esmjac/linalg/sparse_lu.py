@@ -41,18 +41,132 @@ from typing import Sequence
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from ..errors import JacError
 
-__all__ = ["SparseLaneLU", "CHUNK", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
-           "solve_lanes",
+__all__ = ["SparseLaneLU", "CHUNK", "VEC", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
+           "rowdot", "solve_lanes",
            "solve_transpose_lanes", "tiled_size"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
 #: that the partition — and hence every lane's arithmetic — never changes.
 CHUNK = 256
 
+#: Lanes of one vector op (:func:`rowdot`, :func:`_elim_row`): a lane tile of
+#: exactly ``VEC`` lanes runs its elimination and solves as whole-tile vector
+#: ops (4 AVX2 registers in float64); other tiles run the general loops.
+VEC = 16
+
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+
+# --------------------------------------------------------------------------
+# Whole-tile vector ops (tiles of exactly VEC lanes). Numba's loop vectorizer
+# gives each op of the general kernels below a slice set-up, a runtime alias
+# check between its target and sources (all slices of one array) and a
+# remainder loop, and at 16 lanes that costs more than the arithmetic; Numba
+# runs no SLP vectorizer, so fixed-width code stays scalar. These two
+# intrinsics emit the op loops directly as LLVM vector IR on ``<VEC x T>``
+# values: one load per operand, no alias checks, no remainder, the
+# accumulator of a row kept in registers across its ops. Each lane sees the
+# same IEEE operations in the same order as the scalar loops (``fmul`` then
+# ``fsub``, no contraction flags; float32 operands widened exactly by
+# ``fpext`` where the accumulator is float64), so the bits are theirs.
+# --------------------------------------------------------------------------
+
+def _vptr(context, builder, aryty, val, idx, vecty):
+    ary = context.make_array(aryty)(context, builder, val)
+    return builder.bitcast(builder.gep(ary.data, [idx]), vecty.as_pointer())
+
+
+def _vload(builder, ptr, align):
+    ld = builder.load(ptr)
+    ld.align = align
+    return ld
+
+
+def _vstore(builder, v, ptr, align):
+    builder.store(v, ptr).align = align
+
+
+@intrinsic
+def rowdot(typingctx, x, xo, A, ab, slot, col, p0, p1, b, m, c0, do):
+    """``x[xo:xo+VEC] -= A[ab+slot[p]*VEC : +VEC] * b[col[p]*m+c0 : +VEC]``
+    for ``p`` in ``p0 .. p1-1`` in order, then ``/= A[ab+do*VEC : +VEC]`` when
+    ``do >= 0``; the row is held in registers and stored once. Products
+    and differences in ``x``'s type (``A`` widened exactly when narrower).
+    One row of a triangular solve over one tile of ``VEC`` lanes."""
+    sig = types.void(x, xo, A, ab, slot, col, p0, p1, b, m, c0, do)
+
+    def codegen(context, builder, signature, args):
+        xt, _, At, _, st, ct, _, _, bt, _, _, _ = signature.args
+        x_, xo_, A_, ab_, s_, c_, p0_, p1_, b_, m_, c0_, do_ = args
+        i64 = ir.IntType(64)
+        ex, ea = context.get_value_type(xt.dtype), context.get_value_type(At.dtype)
+        vx, va = ir.VectorType(ex, VEC), ir.VectorType(ea, VEC)
+        ax, aa = xt.dtype.bitwidth // 8, At.dtype.bitwidth // 8
+        widen = xt.dtype != At.dtype
+        xp = _vptr(context, builder, xt, x_, xo_, vx)
+        acc = cgutils.alloca_once(builder, vx)
+        builder.store(_vload(builder, xp, ax), acc)
+        sd = context.make_array(st)(context, builder, s_).data
+        cd = context.make_array(ct)(context, builder, c_).data
+        with cgutils.for_range_slice(builder, p0_, p1_, i64(1), inc=True) as (p, _):
+            ao = builder.add(ab_, builder.mul(builder.load(builder.gep(sd, [p])), i64(VEC)))
+            jo = builder.add(builder.mul(builder.load(builder.gep(cd, [p])), m_), c0_)
+            a = _vload(builder, _vptr(context, builder, At, A_, ao, va), aa)
+            if widen:
+                a = builder.fpext(a, vx)
+            bv = _vload(builder, _vptr(context, builder, bt, b_, jo, vx), ax)
+            builder.store(builder.fsub(builder.load(acc), builder.fmul(a, bv)), acc)
+        r = builder.load(acc)
+        with builder.if_else(builder.icmp_signed(">=", do_, i64(0))) as (then, otherwise):
+            with then:
+                dp = _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(do_, i64(VEC))), va)
+                dv = _vload(builder, dp, aa)
+                if widen:
+                    dv = builder.fpext(dv, vx)
+                _vstore(builder, builder.fdiv(r, dv), xp, ax)
+            with otherwise:
+                _vstore(builder, r, xp, ax)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _elim_row(typingctx, A, ab, q0, q1, mul_slot, mul_piv, upd_ptr, upd_tgt, upd_src):
+    """Multipliers ``p`` in ``q0 .. q1-1`` (in order) of one tile of ``VEC``
+    lanes at ``A[ab:]``: ``A[mul] /= A[piv]``, then ``A[tgt] -= A[mul] * A[src]``
+    for each of its updates in order (the multiplier held in registers)."""
+    sig = types.void(A, ab, q0, q1, mul_slot, mul_piv, upd_ptr, upd_tgt, upd_src)
+
+    def codegen(context, builder, signature, args):
+        At, _, _, _, mst, mpt, upt, utt, ust = signature.args
+        A_, ab_, q0_, q1_, ms_, mp_, up_, ut_, us_ = args
+        i64 = ir.IntType(64)
+        va = ir.VectorType(context.get_value_type(At.dtype), VEC)
+        aa = At.dtype.bitwidth // 8
+        ms, mp, up, ut, us = (context.make_array(t)(context, builder, v).data
+                              for t, v in ((mst, ms_), (mpt, mp_), (upt, up_), (utt, ut_), (ust, us_)))
+
+        def slot(arr, i):
+            q = builder.load(builder.gep(arr, [i]))
+            return _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(q, i64(VEC))), va)
+        with cgutils.for_range_slice(builder, q0_, q1_, i64(1), inc=True) as (p, _):
+            mptr = slot(ms, p)
+            am = builder.fdiv(_vload(builder, mptr, aa), _vload(builder, slot(mp, p), aa))
+            _vstore(builder, am, mptr, aa)
+            u0 = builder.load(builder.gep(up, [p]))
+            u1 = builder.load(builder.gep(up, [builder.add(p, i64(1))]))
+            with cgutils.for_range_slice(builder, u0, u1, i64(1), inc=True) as (u, _):
+                tp = slot(ut, u)
+                t = _vload(builder, tp, aa)
+                _vstore(builder, builder.fsub(t, builder.fmul(am, _vload(builder, slot(us, u), aa))), tp, aa)
+        return context.get_dummy_value()
+    return sig, codegen
 
 
 # --------------------------------------------------------------------------
@@ -75,7 +189,7 @@ def _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
     base = (l0 // W) * nnz * W + l0 % W
     # Each op works on unit-stride views of this block's lanes, indexed from
     # 0: that lets LLVM drop negative-index wraparound and vectorise.
-    for p in range(mul_slot.shape[0]):
+    for p in range(0 if m == VEC and W == VEC else mul_slot.shape[0]):
         mo = base + mul_slot[p] * W
         po = base + mul_piv[p] * W
         am = A[mo:mo + m]
@@ -90,6 +204,8 @@ def _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
             as_ = A[so:so + m]
             for l in range(m):
                 at[l] -= am[l] * as_[l]
+    if m == VEC and W == VEC:                   # a whole tile of VEC lanes: vector ops
+        _elim_row(A, base, 0, mul_slot.shape[0], mul_slot, mul_piv, upd_ptr, upd_tgt, upd_src)
     # The pivot used at step k is the final u_kk (later steps only touch
     # rows/columns > k), so checking after the sweep is equivalent and keeps
     # the update loops branch-free. NaN counts as a bad pivot.
@@ -209,6 +325,11 @@ def _factor_group(A, nnz, L, W, t0, t1, piv_slot, mul_piv, mul_slot, upd_ptr,
                   upd_tgt, upd_src, bad):
     """Factor the lanes of tiles ``t0 .. t1-1`` (of ``W`` lanes; the last tile
     of the grid may hold fewer than ``W`` real lanes) in place."""
+    if W == VEC:                                # whole-tile vector ops, tile by tile
+        for t in range(t0, t1):
+            _factor_block(A, nnz, W, t * W, min(W, L - t * W), piv_slot, mul_piv, mul_slot, upd_ptr,
+                          upd_tgt, upd_src, bad)
+        return
     n = piv_slot.shape[0]
     TS = nnz * W
     for p in range(mul_slot.shape[0]):
@@ -251,6 +372,20 @@ def _solve_group(A, b, nnz, L, W, t0, t1, piv_slot, fwd_ptr, fwd_slot, fwd_col,
                  bwd_ptr, bwd_slot, bwd_col):
     """Solve ``LU x = b`` for the lanes of tiles ``t0 .. t1-1``; ``b[i*L + l]``."""
     n = piv_slot.shape[0]
+    if W == VEC:                                # whole-tile vector ops, tile by tile
+        for t in range(t0, t1):
+            l0 = t * W
+            if L - l0 >= VEC:
+                base = t * nnz * VEC
+                for i in range(n):
+                    rowdot(b, i * L + l0, A, base, fwd_slot, fwd_col, fwd_ptr[i], fwd_ptr[i + 1], b, L, l0, -1)
+                for i in range(n - 1, -1, -1):
+                    rowdot(b, i * L + l0, A, base, bwd_slot, bwd_col, bwd_ptr[i], bwd_ptr[i + 1], b, L, l0,
+                           piv_slot[i])
+            else:
+                _solve_block(A, b, nnz, L, W, l0, L - l0, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                             bwd_ptr, bwd_slot, bwd_col)
+        return
     TS = nnz * W
     for i in range(n):
         for p in range(fwd_ptr[i], fwd_ptr[i + 1]):
@@ -367,9 +502,16 @@ def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv
     n = piv_slot.shape[0]
     ab = (l0 // WA) * nnz * WA + l0 % WA
     h = hs[l0:l0 + m]
+    vec = m == VEC and WA == VEC                # a whole tile of VEC lanes: vector ops
+    same = m == WA and WJ == WA and l0 % WA == 0  # J's tile is A's: a row is one contiguous run
     for i in range(n):
         q0, q1 = row_ptr[i], row_ptr[i + 1]
-        l = l0
+        if same:
+            a = A[ab + q0 * WA:ab + q1 * WA]
+            j = J[ab + q0 * WA:ab + q1 * WA]
+            for k in range((q1 - q0) * WA):
+                a[k] = -j[k]
+        l = l0 + m if same else l0
         while l < l0 + m:                       # runs of lanes inside one tile of J
             r = min(WJ - l % WJ, l0 + m - l)
             jb = (l // WJ) * nnz * WJ + l % WJ
@@ -384,6 +526,9 @@ def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv
         a = A[o:o + m]
         for k in range(m):
             a[k] += 1.0 / (h[k] * gamma)
+        if vec:
+            _elim_row(A, ab, mrow_ptr[i], mrow_ptr[i + 1], mul_slot, mul_piv, upd_ptr, upd_tgt, upd_src)
+            continue
         for p in range(mrow_ptr[i], mrow_ptr[i + 1]):
             mo = ab + mul_slot[p] * WA
             po = ab + mul_piv[p] * WA
