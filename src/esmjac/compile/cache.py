@@ -72,6 +72,7 @@ import atexit
 import dataclasses
 import hashlib
 import hmac
+import importlib.metadata
 import io
 import json
 import logging
@@ -98,7 +99,7 @@ from ..model.deep import run_deep
 from ..model.load import ref_strings
 from ..model.expr import Node, _FDict, iter_children, node
 
-__all__ = ["cache_dir", "content_hash", "kernel_key", "load_source", "code_version", "document_key",
+__all__ = ["cache_dir", "content_hash", "kernel_key", "load_source", "code_version", "module_hash", "document_key",
            "grid_free_key", "dependency_files", "store_product", "load_product", "read_product", "discard_product",
            "StoredProduct", "numba_cache_failure",
            "purge_numba_cache", "schema_passed", "record_schema_pass"]
@@ -107,6 +108,7 @@ log = logging.getLogger("esmjac.cache")
 
 _LOCK = threading.RLock()     # module loading, folder set-up and product files
 _CODE: list = []              # (files, hash) of _code_hash, memoized
+_DEPS: list = []              # _dep_versions, memoized
 _LOADED: dict = {}            # (cache folder, module name) → fully executed module
 _PRIVATE: list = []           # this process's private fallback folder (created lazily)
 _WARNED: set = set()
@@ -249,6 +251,13 @@ def _code_hash(rels: tuple) -> str:
     return v
 
 
+def module_hash(*rels: str) -> str:
+    """Hash of the esmjac modules ``rels`` (paths relative to the package,
+    as :data:`PRODUCT_CODE`): for a product computed by modules outside
+    :data:`PRODUCT_CODE` (the leaf's lane split), a part of its key."""
+    return _code_hash(tuple(rels))
+
+
 def code_version() -> str:
     """Hash of the esmjac modules that compute a build product
     (:data:`PRODUCT_CODE`): a product stored by an esmjac whose calculus,
@@ -258,14 +267,19 @@ def code_version() -> str:
 
 
 def _dep_versions() -> tuple:
-    """Versions of the libraries a product or kernel is computed with."""
-    import numba
+    """Versions of the libraries a product or kernel is computed with,
+    memoized per process. earthsci-ast's is its installed distribution's
+    version (what its ``__version__`` reads), so a warm build that loads no
+    document never imports it (≈ 1.3 s of CPU on this machine class)."""
+    if not _DEPS:
+        import numba
 
-    try:
-        from earthsci_ast import __version__ as ast_version
-    except ImportError:          # pragma: no cover - earthsci-ast is a dependency
-        ast_version = "none"
-    return numba.__version__, np.__version__, str(ast_version)
+        try:
+            ast_version = importlib.metadata.version("earthsci-ast")
+        except importlib.metadata.PackageNotFoundError:   # pragma: no cover - earthsci-ast is a dependency
+            ast_version = "none"
+        _DEPS.append((numba.__version__, np.__version__, str(ast_version)))
+    return _DEPS[0]
 
 
 def content_hash(*parts: str) -> str:
@@ -365,11 +379,37 @@ def _document(source: Any) -> tuple[bytes, Any, Path] | None:
     return data, tree, base
 
 
-def _keyed(data: bytes, tree: Any, base: Path, extra: tuple) -> tuple | None:
-    deps = dependency_files(tree, base) if tree is not None else []
+#: What a document's text alone decides, by its SHA-256 (a few documents:
+#: one build keys its document three or four times, and each walk of a
+#: 272-species document's tree costs ≈ 0.1–0.3 s): whether it has a ``ref``
+#: key (without one its dependency list is empty whatever the files hold;
+#: with one, they are read and hashed again for every key), and per index
+#: set the grid-free facts (:func:`grid_free_key`).
+_FACTS: dict = {}
+
+
+def _facts(data: bytes, tree: Any, dumped: bool) -> tuple[str, dict]:
+    """(SHA-256 of ``data``, its facts): ``refs`` is whether the parse of
+    ``data`` has a ``ref`` key — for text this module dumped (``dumped``:
+    ``json.dumps`` spells every key literally) whether ``"ref"`` occurs in
+    it at all, else a walk of the parsed ``tree``."""
+    digest = _sha(data)
+    with _LOCK:
+        f = _FACTS.get(digest)
+        if f is None:
+            while len(_FACTS) >= 4:
+                _FACTS.pop(next(iter(_FACTS)))
+            f = _FACTS[digest] = {}
+    if "refs" not in f:
+        f["refs"] = tree is not None and (b'"ref"' in data if dumped else bool(ref_strings(tree)))
+    return digest, f
+
+
+def _keyed(digest: str, tree: Any, base: Path, extra: tuple, facts: dict) -> tuple | None:
+    deps = dependency_files(tree, base) if facts["refs"] else []
     if deps is None:
         return None
-    parts = [_sha(data)] + [f"{p}={h}" for p, h in deps] + list(extra)
+    parts = [digest] + [f"{p}={h}" for p, h in deps] + list(extra)
     return content_hash(*parts), deps
 
 
@@ -379,7 +419,10 @@ def document_key(source: Any, *extra: str) -> tuple | None:
     ref). The key covers the document, every file it pulls in, ``extra``
     and the esmjac/Numba/code versions."""
     d = _document(source)
-    return None if d is None else _keyed(*d, extra)
+    if d is None:
+        return None
+    digest, facts = _facts(d[0], d[1], isinstance(source, dict))
+    return _keyed(digest, d[1], d[2], extra, facts)
 
 
 def _whole_set_ranges(tree: Any, name: str) -> bool:
@@ -395,7 +438,7 @@ def _whole_set_ranges(tree: Any, name: str) -> bool:
                 if not isinstance(r, dict) or any(v != {"from": name} for v in r.values()):
                     return False
             stack.extend(x.values())
-        elif isinstance(x, list):
+        elif isinstance(x, (list, tuple)):       # (a dict source's tuples dump as lists)
             stack.extend(x)
     return True
 
@@ -419,15 +462,22 @@ def grid_free_key(source: Any, *extra: str) -> tuple | None:
     size = spec.get("size") if isinstance(spec, dict) else None
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         return None
-    if not _whole_set_ranges(tree, name):
+    _, facts = _facts(data, tree, isinstance(source, dict))
+    ndigest = facts.get(("grid-free", name))       # (the text decides both)
+    if ndigest is None:
+        if not _whole_set_ranges(tree, name):
+            ndigest = facts[("grid-free", name)] = ""
+        else:
+            norm = dict(tree)
+            norm["index_sets"] = {name: {**spec, "size": None}}
+            try:
+                ndigest = _sha(json.dumps(norm, sort_keys=True, allow_nan=True).encode())
+            except (TypeError, ValueError):
+                ndigest = ""
+            facts[("grid-free", name)] = ndigest
+    if not ndigest:
         return None
-    norm = dict(tree)
-    norm["index_sets"] = {name: {**spec, "size": None}}
-    try:
-        ndata = json.dumps(norm, sort_keys=True, allow_nan=True).encode()
-    except (TypeError, ValueError):
-        return None
-    k = _keyed(ndata, tree, base, ("grid-free", str(name)) + extra)
+    k = _keyed(ndigest, tree, base, ("grid-free", str(name)) + extra, facts)
     return None if k is None else (k[0], k[1], str(name), size)
 
 

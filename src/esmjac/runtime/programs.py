@@ -46,7 +46,7 @@ from . import kernels as K
 from .workspace import JacWorkspace, RhsScratch, lane_cells, no_forcing
 from .progress import done, stage
 from ..compile.cache import document_key, load_product, record_schema_pass, schema_passed, store_product
-from .stored import LazyDoc, build_key, cached_build, fingerprint, heads_of  # noqa: F401  (build_key: re-exported)
+from .stored import LazyDoc, band_rows, build_key, cached_build, fingerprint, heads_of  # noqa: F401  (build_key: re-exported)
 from .bound import BoundJacobian, BoundRhs
 from .second import contract_at
 from .threads import one_thread, serial_below
@@ -762,9 +762,9 @@ def _check_source(prog: JacobianProgram, source) -> None:
     for v in prog.col_vars:
         if v not in names:
             raise JacError("unresolvable_column", f"column variable `{v}` does not resolve in the RhsProgram")
-    for en in prog.bands:
-        if en.row not in names:
-            raise JacError("unresolvable_column", f"row variable `{en.row}` does not resolve in the RhsProgram")
+    for row in band_rows(prog.bands):
+        if row not in names:
+            raise JacError("unresolvable_column", f"row variable `{row}` does not resolve in the RhsProgram")
     if source.layout_fingerprint != prog.layout_fingerprint:
         raise JacError("foreign_layout",
                        "the RhsProgram was built from a different model or layout (its fingerprint "

@@ -43,7 +43,7 @@ from ..layouts.plans import field_meta
 from ..model.layout import ModelLayout, column_space, layout_fingerprint
 from .workspace import lane_cells
 
-__all__ = ["build_key", "cached_build", "fingerprint", "heads_of", "LazyDoc", "LazyBands"]
+__all__ = ["build_key", "cached_build", "fingerprint", "heads_of", "LazyDoc", "LazyBands", "band_rows"]
 
 log = logging.getLogger("esmjac.cache")
 
@@ -124,8 +124,11 @@ class LazyDoc:
 class LazyBands:
     """The bands (``JacEntry`` tuple) of a cached program, decoded on first use."""
 
-    def __init__(self, stored, n: int):
+    def __init__(self, stored, n: int, rows: tuple | None = None):
         self._stored, self._n = stored, int(n)
+        #: The bands' row variables (distinct, sorted), known without
+        #: decoding (stored with the core): what a plan's source check reads.
+        self.rows = rows
 
     def _get(self) -> tuple:
         return self._stored.get()[1]
@@ -148,6 +151,13 @@ class LazyBands:
 
 def _same(x):
     return x
+
+
+def band_rows(bands) -> tuple:
+    """The distinct row variables of ``bands`` (sorted), from a
+    :class:`LazyBands` without decoding it."""
+    rows = getattr(bands, "rows", None)
+    return rows if rows is not None else tuple(sorted({en.row for en in bands}))
 
 
 # ------------------------------------------------------------------ store and load
@@ -219,7 +229,7 @@ def _store(keyed: tuple, prog, types: dict, cells: int | None = None) -> None:
     if not store_product(_expr_key(key), (prog.doc, bands), [], types):
         return
     core = {"program": prog, "heads": heads_of(prog.doc), "tapes": tapes, "n_bands": len(bands),
-            "cells": cells}
+            "rows": band_rows(bands), "cells": cells}
     store_product(key, core, deps, types, _SKIP)
 
 
@@ -323,7 +333,7 @@ def _revive(core: dict, expr, types: dict, opts: dict):
     """The program of a decoded core (constructor-built, so frozen like a
     fresh one) once every check of the module docstring passed."""
     jac_t, rhs_t = types["JacobianProgram"], types["RhsProgram"]
-    if not isinstance(core, dict) or set(core) != {"program", "heads", "tapes", "n_bands", "cells"}:
+    if not isinstance(core, dict) or set(core) != {"program", "heads", "tapes", "n_bands", "rows", "cells"}:
         raise ValueError("not a stored program")
     prog = core["program"]
     if not isinstance(prog, (jac_t, rhs_t)) or not isinstance(prog.layout, ModelLayout):
@@ -353,7 +363,10 @@ def _revive(core: dict, expr, types: dict, opts: dict):
         if kern.key != stored.key:
             raise ValueError("the stored tapes do not match the stored kernel key")
         doc = LazyDoc(expr, kind, len(heads))
-        bands = LazyBands(expr, core["n_bands"])
+        rows = core["rows"]
+        if not isinstance(rows, tuple) or not all(isinstance(r, str) for r in rows):
+            raise ValueError("bad band rows")
+        bands = LazyBands(expr, core["n_bands"], rows)
     else:
         doc, bands = expr.get()
         kern = compile_doc(doc, {**opts, "engine": stored.engine})
