@@ -233,3 +233,63 @@ def test_hoist_rates_option_checked(doc8):
     with pytest.raises(JacError) as e:
         _leaf(doc8, hoist_rates="yes")
     assert e.value.code == "bad_option"
+
+
+def _cut_arrays(cut) -> list:
+    """Every array of a cut, in a fixed order (None where a part is absent)."""
+    out: list = [cut.row0, cut.rows]
+    for t in (cut.prologue, cut.body, cut.scheduled):
+        out += [None] if t is None else [t.code, t.consts, t.nreg]
+    out += [None] if cut.poly is None else list(cut.poly.arrays())
+    return out
+
+
+def _same_cut(a, b) -> bool:
+    xa, xb = _cut_arrays(a), _cut_arrays(b)
+    return len(xa) == len(xb) and all(
+        (x is None and y is None) or (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)
+                                     and x.dtype == y.dtype and np.array_equal(x, y))
+        or (not isinstance(x, np.ndarray) and x == y) for x, y in zip(xa, xb))
+
+
+def test_a_stored_cut_is_the_computed_cut_and_a_damaged_one_is_cut_again(leaves, tmp_path, monkeypatch):
+    # a warm build reads the cut from the build cache (lanehoist.split);
+    # oracle: the cut computed without the cache. Every array read back is
+    # read-only, and an entry whose arrays address past the input tape's
+    # sizes (signed by this user, so only the bounds checks can refuse it)
+    # is a logged miss, removed and cut again.
+    from esmjac.compile import cache
+    from esmjac.integrators import lanehoist as LH
+    monkeypatch.setenv("ESMJAC_CACHE_DIR", str(tmp_path))
+    on, _ = leaves
+    body = on.rhs_program.kernel.tapes[1]
+    row0 = len(on.rhs_program.forcing_names)
+    fresh = split(body, row0, cache=False)
+    assert fresh.rows > 0 and fresh.poly is not None
+    assert not list(tmp_path.glob("b*.json"))
+    first = split(body, row0)               # computed and stored
+    assert len(list(tmp_path.glob("b*.json"))) == 1 and _same_cut(first, fresh)
+    again = split(body, row0)               # read back
+    assert _same_cut(again, fresh) and again.scheduled is not first.scheduled
+    for x in _cut_arrays(again):
+        assert not (isinstance(x, np.ndarray) and x.flags.writeable)
+    key = LH._key(body, row0)
+    good = cache.load_product(key, {})
+    for part, damage in (("scheduled", lambda d: d["scheduled"][0].__setitem__((0, 2), 10 ** 6)),
+                         ("poly", lambda d: d["poly"]["fidx"].__setitem__(0, 10 ** 6)),
+                         ("prologue", lambda d: d["prologue"][0].__setitem__(   # a hoisted row never stored
+                             (int(np.flatnonzero(d["prologue"][0][:, 0] == OPS.index("store"))[0]), 2), row0 - 1))):
+        bad = cache.load_product(key, {})
+        for k in ("scheduled", "prologue", "body"):
+            bad[k] = tuple(np.array(x) if isinstance(x, np.ndarray) else x for x in bad[k])
+        bad["poly"] = {k: np.array(v) for k, v in bad["poly"].items()}
+        damage(bad)
+        assert cache.store_product(key, bad, [], {})
+        with pytest.raises((ValueError, JacError)):
+            LH._revive(cache.load_product(key, {}), body, row0)
+        redone = split(body, row0)          # refused, removed, cut again and stored
+        assert _same_cut(redone, fresh), part
+        assert _same_cut(LH._revive(cache.load_product(key, {}), body, row0), fresh)
+    assert good is not None
+    # another row offset or another tape is another entry
+    assert LH._key(body, row0 + 1) != key and LH._key(on.jac_program.kernel.tapes[1], row0) != key

@@ -45,10 +45,10 @@ class LaneHoist:
     instead of in every call. ``rows`` is the number of rows added; the
     bodies read them, so their values keep the unsplit tapes' bits."""
 
-    def __init__(self, rhs_tapes: tuple, jac_body, n_forcing: int):
+    def __init__(self, rhs_tapes: tuple, jac_body, n_forcing: int, cache: bool = True):
         self.n_forcing = int(n_forcing)
-        self.rhs: LaneSplit = split(rhs_tapes[1], self.n_forcing)
-        self.jac: LaneSplit = split(jac_body, self.n_forcing + self.rhs.rows)
+        self.rhs: LaneSplit = split(rhs_tapes[1], self.n_forcing, cache)
+        self.jac: LaneSplit = split(jac_body, self.n_forcing + self.rhs.rows, cache)
         self.rows = self.rhs.rows + self.jac.rows
 
 
@@ -77,7 +77,8 @@ def lane_hoist(leaf, plan) -> LaneHoist | None:
     key = id(plan)
     if key not in memo:
         body = jac.direct_tape(plan).body if _direct(plan) else jac.kernel.tapes[1]
-        hz = LaneHoist(rhs.kernel.tapes, body, len(rhs.forcing_names))
+        hz = LaneHoist(rhs.kernel.tapes, body, len(rhs.forcing_names),
+                       cache=bool((getattr(leaf, "options", None) or {}).get("cache", True)))
         memo[key] = (plan, hz if hz.rows else None)
     return memo[key][1]
 
