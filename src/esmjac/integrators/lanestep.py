@@ -56,7 +56,7 @@ import numba
 import numpy as np
 
 from ..errors import JacError
-from ..linalg.sparse_lu import CHUNK, VEC, SparseLaneLU, factor_shifted_rows, rowdot, tiled_size
+from ..linalg.sparse_lu import CHUNK, VEC, SparseLaneLU, factor_shifted_rows, rowdot, tiled_size, vaxpy, vset
 
 __all__ = ["STATUS", "LaneStepper", "RUNNING", "lu_tile", "gather", "assemble_w", "combine",
            "stage_rhs", "nonzero_terms"]
@@ -658,17 +658,22 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
         cv = cval[p]
         for l in range(m):
             c[l] = cv / hs[l]
+    nv = m // VEC                               # whole groups of VEC lanes: vector ops, then the rest
+    mv = nv * VEC
     for r in range(n):
         bi = Ki[r * m:r * m + m]
         so = perm[r] * m
-        fs = F[so:so + m]
-        for l in range(m):
-            bi[l] = fs[l]
+        vset(Ki, r * m, F, so, nv)
+        fs = F[so + mv:so + m]
+        br = Ki[r * m + mv:r * m + m]
+        for l in range(m - mv):
+            br[l] = fs[l]
         for p in range(P):
-            kj = K[cidx[p], r * m:r * m + m]
-            c = ch[p * m:p * m + m]
-            for l in range(m):
-                bi[l] += c[l] * kj[l]
+            vaxpy(Ki, r * m, ch, p * m, K[cidx[p]], r * m, nv)
+            kj = K[cidx[p], r * m + mv:r * m + m]
+            c = ch[p * m + mv:p * m + m]
+            for l in range(m - mv):
+                br[l] += c[l] * kj[l]
         if gdt != 0.0:
             ds = dfdt[so:so + m]
             for l in range(m):
@@ -709,14 +714,16 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
                 bt[l] = bt[l] / d[l]
         if comb:
             so = perm[r] * m
-            o = nout[so:so + m]
-            y = Y[so:so + m]
-            for l in range(m):
+            vset(nout, so, Y, so, nv)
+            o = nout[so + mv:so + m]
+            y = Y[so + mv:so + m]
+            for l in range(m - mv):
                 o[l] = y[l]
             for p in range(Q):
-                kj = K[nidx[p], r * m:r * m + m]
                 v = nval[p]
-                for l in range(m):
+                vaxpy(nout, so, v, 0, K[nidx[p]], r * m, nv)
+                kj = K[nidx[p], r * m + mv:r * m + m]
+                for l in range(m - mv):
                     o[l] += v * kj[l]
 
 

@@ -48,7 +48,7 @@ from numba.extending import intrinsic
 from ..errors import JacError
 
 __all__ = ["SparseLaneLU", "CHUNK", "VEC", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
-           "rowdot", "solve_lanes",
+           "rowdot", "solve_lanes", "vaxpy", "vset",
            "solve_transpose_lanes", "tiled_size"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
@@ -165,6 +165,62 @@ def _elim_row(typingctx, A, ab, q0, q1, mul_slot, mul_piv, upd_ptr, upd_tgt, upd
                 tp = slot(ut, u)
                 t = _vload(builder, tp, aa)
                 _vstore(builder, builder.fsub(t, builder.fmul(am, _vload(builder, slot(us, u), aa))), tp, aa)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def _vec_loop(context, builder, nv, body):
+    """``body(k)`` for the ``k``-th group of VEC lanes, ``k < nv``."""
+    i64 = ir.IntType(64)
+    with cgutils.for_range_slice(builder, i64(0), nv, i64(1), inc=True) as (k, _):
+        body(builder.mul(k, i64(VEC)))
+
+
+@intrinsic
+def vset(typingctx, o, oo, x, xo, nv):
+    """``o[oo : oo+nv*VEC] = x[xo : xo+nv*VEC]`` (``nv`` whole groups of VEC lanes)."""
+    sig = types.void(o, oo, x, xo, nv)
+
+    def codegen(context, builder, signature, args):
+        ot, _, xt, _, _ = signature.args
+        o_, oo_, x_, xo_, nv_ = args
+        vo = ir.VectorType(context.get_value_type(ot.dtype), VEC)
+        vx = ir.VectorType(context.get_value_type(xt.dtype), VEC)
+
+        def body(k):
+            v = _vload(builder, _vptr(context, builder, xt, x_, builder.add(xo_, k), vx), xt.dtype.bitwidth // 8)
+            if ot.dtype != xt.dtype:
+                v = builder.fpext(v, vo)
+            _vstore(builder, v, _vptr(context, builder, ot, o_, builder.add(oo_, k), vo), ot.dtype.bitwidth // 8)
+        _vec_loop(context, builder, nv_, body)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def vaxpy(typingctx, o, oo, c, co, x, xo, nv):
+    """``o[oo+l] += c[co+l] * x[xo+l]`` for ``l < nv*VEC`` (``c`` an array
+    of per-lane factors, or one scalar); ``fmul`` then ``fadd``, no
+    contraction: the bits of the scalar loop. All float64."""
+    sig = types.void(o, oo, c, co, x, xo, nv)
+    scalar = isinstance(c, types.Float)
+
+    def codegen(context, builder, signature, args):
+        ot = signature.args[0]
+        ct, xt = signature.args[2], signature.args[4]
+        o_, oo_, c_, co_, x_, xo_, nv_ = args
+        vt = ir.VectorType(context.get_value_type(ot.dtype), VEC)
+        al = ot.dtype.bitwidth // 8
+        if scalar:
+            cs = builder.insert_element(ir.Constant(vt, ir.Undefined), c_, ir.IntType(32)(0))
+            cs = builder.shuffle_vector(cs, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC))
+
+        def body(k):
+            op = _vptr(context, builder, ot, o_, builder.add(oo_, k), vt)
+            cv = cs if scalar else _vload(builder, _vptr(context, builder, ct, c_, builder.add(co_, k), vt), al)
+            xv = _vload(builder, _vptr(context, builder, xt, x_, builder.add(xo_, k), vt), al)
+            _vstore(builder, builder.fadd(_vload(builder, op, al), builder.fmul(cv, xv)), op, al)
+        _vec_loop(context, builder, nv_, body)
         return context.get_dummy_value()
     return sig, codegen
 
