@@ -283,8 +283,10 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
     Per block of ``B`` lanes (a multiple of ``W`` when tiled): every
     monomial's row into a buffer, then each output's terms summed in their
     order (up to four terms per pass over the lanes, added left to right:
-    ``a + t1 + t2`` is ``(a + t1) + t2``, the bits of one term per pass) into
-    an accumulator row and stored once. ``scratch``: at least
+    ``a + t1 + t2`` is ``(a + t1) + t2``, the bits of one term per pass) and
+    stored once: an output of up to four terms in one pass straight into its
+    tiles (the padded last tile of a block excepted), a longer one through an
+    accumulator row copied into them. ``scratch``: at least
     :func:`scratch_size` values (the monomial rows and the accumulator; a
     smaller one is replaced by an allocation).
 
@@ -293,7 +295,10 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
     to a helper, inlined or not) is a reference-count increment and
     decrement, two atomic operations that drain the store buffer; taken per
     monomial and per output they were most of this kernel's time (GEOS-Chem
-    fullchem, 64 lanes: RHS 1.9 -> 1.3 µs per lane, Jacobian 5.0 -> 3.4)."""
+    fullchem, 64 lanes: RHS 1.9 -> 1.3 µs per lane, Jacobian 5.0 -> 3.4).
+    Divisions (tile of a lane) are per block, not per output; the direct
+    stores spare the Jacobian's 2,797 short outputs a copy through the
+    accumulator (3.1 -> 2.6 µs per lane)."""
     nm = fptr.shape[0] - 1
     if W > 0:
         B = max(W, (B // W) * W)
@@ -304,6 +309,8 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
     Bu = _U64(B)
     Lu = _U64(L)
     acc = _U64(nm) * Bu
+    Wu = _U64(max(W, 0))
+    PWu = _U64(max(P, 0)) * Wu
     Cs = C if W > 0 else L
     for l0 in range(0, Cs, B):
         m = max(min(L, l0 + B) - l0, 0)         # real lanes of this block
@@ -312,31 +319,58 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
             break
         mu = _U64(m)
         l0u = _U64(l0)
-        # -- the monomials' rows: two leading state/field rows in one pass,
-        # then each further factor (left to right: the same bits)
+        if W > 0:                               # the block's tiles: nt stored, full of real lanes
+            tile0 = l0 // W
+            nt = ms // W
+            full = m // W
+            Wb = Wu
+        else:                                   # one "tile": the block's m lanes of each row
+            tile0 = 0
+            nt = full = 1
+            Wb = mu
+        # -- the monomials' rows: leading field and state rows in one pass
+        # (fields first, as the expansion sorts them: f·f·f, f·f·u, f·u·u,
+        # u·u·u, or two of them), then each further factor, left to right:
+        # the same bits as one factor per pass
         for i in range(nm):
             a0 = fptr[i]
             a1 = fptr[i + 1]
             r = _U64(i) * Bu
+            nf = a1 - a0
+            k0 = fkind[a0] if nf > 0 else 9
+            k1 = fkind[a0 + 1] if nf > 1 else 9
+            k2 = fkind[a0 + 2] if nf > 2 else 9
             q0 = a0
-            if a1 - a0 >= 2 and fkind[a0] <= 1 and fkind[a0 + 1] <= 1:
+            if k0 <= 1 and k1 <= 1 and k0 >= k1:
                 o0 = _U64(fidx[a0]) * Lu + l0u
                 o1 = _U64(fidx[a0 + 1]) * Lu + l0u
-                if fkind[a0] == 0:
-                    if fkind[a0 + 1] == 0:
+                if k2 <= 1 and k1 >= k2:
+                    o2 = _U64(fidx[a0 + 2]) * Lu + l0u
+                    if k2 == 1:
                         for j in range(mu):
-                            S[r + j] = u[o0 + j] * u[o1 + j]
+                            S[r + j] = f[o0 + j] * f[o1 + j] * f[o2 + j]
+                    elif k1 == 1:
+                        for j in range(mu):
+                            S[r + j] = f[o0 + j] * f[o1 + j] * u[o2 + j]
+                    elif k0 == 1:
+                        for j in range(mu):
+                            S[r + j] = f[o0 + j] * u[o1 + j] * u[o2 + j]
                     else:
                         for j in range(mu):
-                            S[r + j] = u[o0 + j] * f[o1 + j]
-                elif fkind[a0 + 1] == 0:
-                    for j in range(mu):
-                        S[r + j] = f[o0 + j] * u[o1 + j]
+                            S[r + j] = u[o0 + j] * u[o1 + j] * u[o2 + j]
+                    q0 = a0 + 3
                 else:
-                    for j in range(mu):
-                        S[r + j] = f[o0 + j] * f[o1 + j]
-                q0 = a0 + 2
-            elif a1 == a0:
+                    if k1 == 1:
+                        for j in range(mu):
+                            S[r + j] = f[o0 + j] * f[o1 + j]
+                    elif k0 == 1:
+                        for j in range(mu):
+                            S[r + j] = f[o0 + j] * u[o1 + j]
+                    else:
+                        for j in range(mu):
+                            S[r + j] = u[o0 + j] * u[o1 + j]
+                    q0 = a0 + 2
+            elif nf == 0:
                 for j in range(mu):
                     S[r + j] = 1.0
             for q in range(q0, a1):
@@ -393,6 +427,56 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
             e1 = optr[k + 1]
             n = e1 - e0
             e = e0
+            if n <= 4 and full == nt:               # one pass, straight into the output's tiles
+                t = targets[k]
+                ob = _U64(t) * Lu + l0u if W == 0 else _U64(tile0 * P + t) * Wu
+                if n == 0:
+                    for tt in range(nt):
+                        for j in range(Wb):
+                            out[ob + j] = 0.0
+                        ob += PWu
+                    continue
+                c0 = ocoef[e]
+                x0 = _U64(omono[e]) * Bu
+                if n == 1:
+                    for tt in range(nt):
+                        for j in range(Wb):
+                            out[ob + j] = c0 * S[x0 + j]
+                        ob += PWu
+                        x0 += Wb
+                    continue
+                c1 = ocoef[e + 1]
+                x1 = _U64(omono[e + 1]) * Bu
+                if n == 2:
+                    for tt in range(nt):
+                        for j in range(Wb):
+                            out[ob + j] = c0 * S[x0 + j] + c1 * S[x1 + j]
+                        ob += PWu
+                        x0 += Wb
+                        x1 += Wb
+                    continue
+                c2 = ocoef[e + 2]
+                x2 = _U64(omono[e + 2]) * Bu
+                if n == 3:
+                    for tt in range(nt):
+                        for j in range(Wb):
+                            out[ob + j] = c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j]
+                        ob += PWu
+                        x0 += Wb
+                        x1 += Wb
+                        x2 += Wb
+                    continue
+                c3 = ocoef[e + 3]
+                x3 = _U64(omono[e + 3]) * Bu
+                for tt in range(nt):
+                    for j in range(Wb):
+                        out[ob + j] = c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j] + c3 * S[x3 + j]
+                    ob += PWu
+                    x0 += Wb
+                    x1 += Wb
+                    x2 += Wb
+                    x3 += Wb
+                continue
             if n == 0:
                 for j in range(mu):
                     S[acc + j] = 0.0
@@ -462,22 +546,22 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                 ob = _U64(t) * Lu + l0u
                 for j in range(mu):
                     out[ob + j] = S[acc + j]
-            else:
-                for tt in range(ms // W):              # into the block's tiles
-                    ob = _U64(((l0 // W + tt) * P + t) * W)
-                    jb = tt * W
-                    if jb + W <= m:
-                        a = acc + _U64(jb)
-                        for k2 in range(_U64(W)):
-                            out[ob + k2] = S[a + k2]
-                    else:                               # padding lanes: lane L-1's value
-                        for k2 in range(W):
-                            out[ob + _U64(k2)] = S[acc + _U64(min(jb + k2, m - 1))]
+            else:                                       # into the block's tiles
+                ob = _U64(tile0 * P + t) * Wu
+                a = acc
+                for tt in range(full):
+                    for j in range(Wu):
+                        out[ob + j] = S[a + j]
+                    ob += PWu
+                    a += Wu
+                if full < nt:                           # padding lanes: lane L-1's value
+                    for j in range(W):
+                        out[ob + _U64(j)] = S[acc + _U64(min(full * W + j, m - 1))]
         if W > 0:
-            for tt in range(ms // W):
-                base = (l0 // W + tt) * P * W
+            for tt in range(nt):
+                base = _U64((tile0 + tt) * P) * Wu
                 for z in range(zslots.shape[0]):
-                    ob = _U64(base + zslots[z] * W)
-                    for k2 in range(_U64(W)):
-                        out[ob + k2] = 0.0
+                    ob = base + _U64(zslots[z]) * Wu
+                    for j in range(Wu):
+                        out[ob + j] = 0.0
     return 0
