@@ -24,7 +24,7 @@ from ..errors import JacError
 from .ssa import Block
 
 __all__ = ["Tape", "encode", "run_tape", "check_tape", "retarget", "in_store_order", "TapeBounds", "CHUNK", "OPS",
-           "unary_op"]
+           "unary_op", "rare_op", "zero_slots"]
 
 CHUNK = 256
 OPS = ["const", "hoist", "param", "time", "idx", "lane_u", "lane_f", "store", "storeh",
@@ -421,33 +421,9 @@ def _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, 
         for j in range(m):
             l = l0 + j
             pos[j] = (l // W) * P * W + l % W
-    # Slots no band reaches: per tile, a run of consecutive zero slots
-    # is one contiguous block of run × W values (a memset, not one
-    # indexed store per slot and lane: LU fill-in can be most slots).
-    nz = zslots.shape[0]
-    if nz > 0 and W > 0:
-        for tt in range(l0 // W, (l0 + m - 1) // W + 1):
-            a0 = max(l0, tt * W) - tt * W
-            a1 = min(l0 + m, (tt + 1) * W) - tt * W
-            base = tt * P * W
-            z = 0
-            while z < nz:
-                s0 = zslots[z]
-                s1 = s0 + 1
-                z += 1
-                while z < nz and zslots[z] == s1:
-                    s1 += 1
-                    z += 1
-                # unsigned offsets: no wraparound select per store (vector stores)
-                if a0 == 0 and a1 == W:
-                    zb = nb.uint64(base + s0 * W)
-                    for k in range((s1 - s0) * W):
-                        out[zb + nb.uint64(k)] = 0.0
-                else:
-                    for s in range(s0, s1):
-                        zb = nb.uint64(base + s * W + a0)
-                        for k in range(a1 - a0):
-                            out[zb + nb.uint64(k)] = 0.0
+    # Slots no band reaches, zeroed
+    if W > 0:
+        zero_slots(out, zslots, l0, m, W, P)
     # whole tiles in this chunk: stores go tile by tile, W contiguous lanes
     whole = W > 0 and l0 % W == 0 and m % W == 0
     inside = l0 + m <= L             # no padding lane in this chunk: lane reads need no clamp
@@ -533,54 +509,100 @@ def _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, 
             for j in range(m):
                 ju = nb.uint64(j)
                 F[do + ju] = F[ao + ju] / F[bo + ju]
-        elif o == 13:
-            for j in range(m):
-                R[d, j] = R[a, j] ** R[b, j]
-        elif o == 14:
-            for j in range(m):
-                R[d, j] = -R[a, j]
-        elif o == 15:
-            for j in range(m):
-                R[d, j] = R[b, j] if R[a, j] != 0.0 else R[c, j]
-        elif o <= 21:
-            for j in range(m):
-                x = R[a, j]
-                y = R[b, j]
-                if o == 16:
-                    r = x < y
-                elif o == 17:
-                    r = x <= y
-                elif o == 18:
-                    r = x > y
-                elif o == 19:
-                    r = x >= y
-                elif o == 20:
-                    r = x == y
-                else:
-                    r = x != y
-                R[d, j] = 1.0 if r else 0.0
-        elif o == 22:
-            for j in range(m):
-                R[d, j] = 1.0 if (R[a, j] != 0.0 and R[b, j] != 0.0) else 0.0
-        elif o == 23:
-            for j in range(m):
-                R[d, j] = 1.0 if (R[a, j] != 0.0 or R[b, j] != 0.0) else 0.0
-        elif o == 24:
-            for j in range(m):
-                R[d, j] = 0.0 if R[a, j] != 0.0 else 1.0
-        elif o == 25:
-            for j in range(m):
-                R[d, j] = min(R[a, j], R[b, j])
-        elif o == 26:
-            for j in range(m):
-                R[d, j] = max(R[a, j], R[b, j])
-        elif o == 44:
-            for j in range(m):
-                R[d, j] = np.arctan2(R[a, j], R[b, j])
         else:
-            for j in range(m):
-                R[d, j] = unary_op(o, R[a, j])
+            rare_op(o, R, d, a, b, c, m)
     return nbad
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def zero_slots(out, zslots, l0, m, W, P):
+    """Slots ``zslots`` (sorted) of lanes ``l0..l0+m-1`` of a tiled plan's
+    ``out`` (``W`` > 0 lanes per tile, ``P`` slots) set to zero: per tile, a
+    run of consecutive zero slots is one contiguous block of run × W values
+    (a memset, not one indexed store per slot and lane: LU fill-in can be
+    most slots). Shared by both tape interpreters."""
+    nz = zslots.shape[0]
+    if nz == 0 or m <= 0:
+        return
+    for tt in range(l0 // W, (l0 + m - 1) // W + 1):
+        a0 = max(l0, tt * W) - tt * W
+        a1 = min(l0 + m, (tt + 1) * W) - tt * W
+        base = tt * P * W
+        z = 0
+        while z < nz:
+            s0 = zslots[z]
+            s1 = s0 + 1
+            z += 1
+            while z < nz and zslots[z] == s1:
+                s1 += 1
+                z += 1
+            # unsigned offsets: no wraparound select per store (vector stores)
+            if a0 == 0 and a1 == W:
+                zb = nb.uint64(base + s0 * W)
+                for k in range((s1 - s0) * W):
+                    out[zb + nb.uint64(k)] = 0.0
+            else:
+                for s in range(s0, s1):
+                    zb = nb.uint64(base + s * W + a0)
+                    for k in range(a1 - a0):
+                        out[zb + nb.uint64(k)] = 0.0
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def rare_op(o, R, d, a, b, c, m):
+    """Register row ``d`` of ``R`` (lanes ``0..m-1``) for the instructions
+    past the arithmetic and the loads — ``pow``, ``neg``, ``select``, the
+    comparisons and logic, ``min``/``max``, ``atan2`` and the unary
+    functions — from rows ``a``, ``b``, ``c``: shared by both tape
+    interpreters (this one and the leaf's ``integrators/lanetape``), so an
+    instruction means the same bits everywhere."""
+    if o == 13:
+        for j in range(m):
+            R[d, j] = R[a, j] ** R[b, j]
+    elif o == 14:
+        for j in range(m):
+            R[d, j] = -R[a, j]
+    elif o == 15:
+        for j in range(m):
+            R[d, j] = R[b, j] if R[a, j] != 0.0 else R[c, j]
+    elif o <= 21:
+        for j in range(m):
+            x = R[a, j]
+            y = R[b, j]
+            if o == 16:
+                r = x < y
+            elif o == 17:
+                r = x <= y
+            elif o == 18:
+                r = x > y
+            elif o == 19:
+                r = x >= y
+            elif o == 20:
+                r = x == y
+            else:
+                r = x != y
+            R[d, j] = 1.0 if r else 0.0
+    elif o == 22:
+        for j in range(m):
+            R[d, j] = 1.0 if (R[a, j] != 0.0 and R[b, j] != 0.0) else 0.0
+    elif o == 23:
+        for j in range(m):
+            R[d, j] = 1.0 if (R[a, j] != 0.0 or R[b, j] != 0.0) else 0.0
+    elif o == 24:
+        for j in range(m):
+            R[d, j] = 0.0 if R[a, j] != 0.0 else 1.0
+    elif o == 25:
+        for j in range(m):
+            R[d, j] = min(R[a, j], R[b, j])
+    elif o == 26:
+        for j in range(m):
+            R[d, j] = max(R[a, j], R[b, j])
+    elif o == 44:
+        for j in range(m):
+            R[d, j] = np.arctan2(R[a, j], R[b, j])
+    else:
+        for j in range(m):
+            R[d, j] = unary_op(o, R[a, j])
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")

@@ -36,7 +36,7 @@ import numba as nb
 import numpy as np
 
 from ..compile.ssa import Block
-from ..compile.tape import CHUNK, OPS, Tape, live, unary_op
+from ..compile.tape import CHUNK, OPS, Tape, live, rare_op, zero_slots
 
 __all__ = ["encode_fused", "run_fused", "FUSED_BASE", "CONST_BASE"]
 
@@ -394,7 +394,6 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
     R = np.empty((nreg, CW), dtype=np.float64)
     Rf = R.reshape(-1)                          # the same registers, flat (fused operands)
     pos = np.empty(CHUNK + W + 1, dtype=np.int64)
-    nz = zslots.shape[0]
     for l0 in range(0, L, CHUNK):
         m = min(L, l0 + CHUNK) - l0             # real lanes: the arithmetic
         ms = (C - l0) if l0 + CHUNK >= L else m  # stored lanes: the last chunk pads to C
@@ -403,28 +402,7 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
             for j in range(ms):
                 ll = l0 + j
                 pos[j] = (ll // W) * P * W + ll % W
-            if nz > 0:                          # runs of zero slots: one block per tile
-                for tt in range(l0 // W, (l0 + ms - 1) // W + 1):
-                    a0 = max(l0, tt * W) - tt * W
-                    a1 = min(l0 + ms, (tt + 1) * W) - tt * W
-                    base = tt * P * W
-                    z = 0
-                    while z < nz:
-                        s0 = zslots[z]
-                        s1 = s0 + 1
-                        z += 1
-                        while z < nz and zslots[z] == s1:
-                            s1 += 1
-                            z += 1
-                        if a0 == 0 and a1 == W:
-                            zb = base + s0 * W
-                            for k in range((s1 - s0) * W):
-                                out[zb + k] = 0.0
-                        else:
-                            for s in range(s0, s1):
-                                zb = base + s * W + a0
-                                for k in range(a1 - a0):
-                                    out[zb + k] = 0.0
+            zero_slots(out, zslots, l0, ms, W, P)     # runs of zero slots: one block per tile
         for i in range(code.shape[0]):
             o = code[i, 0]
             d = code[i, 1]
@@ -543,48 +521,6 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
             elif o == 12:
                 for j in range(m):
                     R[d, j] = R[a, j] / R[b, j]
-            elif o == 13:
-                for j in range(m):
-                    R[d, j] = R[a, j] ** R[b, j]
-            elif o == 15:
-                for j in range(m):
-                    R[d, j] = R[b, j] if R[a, j] != 0.0 else R[c, j]
-            elif o <= 21:
-                for j in range(m):
-                    x = R[a, j]
-                    y = R[b, j]
-                    if o == 16:
-                        r = x < y
-                    elif o == 17:
-                        r = x <= y
-                    elif o == 18:
-                        r = x > y
-                    elif o == 19:
-                        r = x >= y
-                    elif o == 20:
-                        r = x == y
-                    else:
-                        r = x != y
-                    R[d, j] = 1.0 if r else 0.0
-            elif o == 22:
-                for j in range(m):
-                    R[d, j] = 1.0 if (R[a, j] != 0.0 and R[b, j] != 0.0) else 0.0
-            elif o == 23:
-                for j in range(m):
-                    R[d, j] = 1.0 if (R[a, j] != 0.0 or R[b, j] != 0.0) else 0.0
-            elif o == 24:
-                for j in range(m):
-                    R[d, j] = 0.0 if R[a, j] != 0.0 else 1.0
-            elif o == 25:
-                for j in range(m):
-                    R[d, j] = min(R[a, j], R[b, j])
-            elif o == 26:
-                for j in range(m):
-                    R[d, j] = max(R[a, j], R[b, j])
-            elif o == 44:
-                for j in range(m):
-                    R[d, j] = np.arctan2(R[a, j], R[b, j])
-            else:
-                for j in range(m):
-                    R[d, j] = unary_op(o, R[a, j])
+            else:                              # pow, select, comparisons, functions: as run_tape
+                rare_op(o, R, d, a, b, c, m)
     return nbad
