@@ -171,3 +171,30 @@ def test_the_tape_interpreters_live_in_the_kernel_cache():
         assert not path.is_relative_to(Path(pkg))
         assert pkg not in path.read_text()
         assert fn.targetoptions.get("parallel", False) is (not serial)
+
+
+def test_one_document_keys_a_document_once_with_the_same_keys(monkeypatch):
+    # the leaf keys its document for three products inside one_document:
+    # one serialization, the same keys as outside the block (the oracle);
+    # another object, even an equal one, is read again; a ref-free
+    # document's facts (refs, grid-free digest) are remembered by content
+    import json
+
+    from esmjac.models.mechanism import lift
+    from tests.support.programs import TROPO12
+    doc = lift(json.loads(TROPO12.read_text()), 3)
+    doc["description"] = "a document of this test"          # its own content: no remembered facts
+    want = (cache.document_key(doc, "a"), cache.document_key(doc, "b"), cache.grid_free_key(doc, "c"))
+    assert want[0] is not None and want[2] is not None and len({want[0][0], want[1][0], want[2][0]}) == 3
+    reads: list = []
+    real = cache._read_document
+    monkeypatch.setattr(cache, "_read_document", lambda s: reads.append(s) or real(s))
+    with cache.one_document(doc):
+        got = (cache.document_key(doc, "a"), cache.document_key(doc, "b"), cache.grid_free_key(doc, "c"))
+        other = dict(doc)
+        assert cache.document_key(other, "a") == want[0]
+    assert got == want and len(reads) == 2 and reads[0] is doc and reads[1] is other
+    assert cache.document_key(doc, "a") == want[0] and len(reads) == 3        # outside: read again
+    # a changed document outside the block is a new key
+    doc["description"] = "changed"
+    assert cache.document_key(doc, "a")[0] != want[0][0]

@@ -69,6 +69,8 @@ else ``~/.cache/esmjac``.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import hmac
@@ -99,7 +101,7 @@ from ..model.deep import run_deep
 from ..model.load import ref_strings
 from ..model.expr import Node, _FDict, iter_children, node
 
-__all__ = ["cache_dir", "content_hash", "kernel_key", "load_source", "code_version", "module_hash", "document_key",
+__all__ = ["cache_dir", "content_hash", "kernel_key", "load_source", "code_version", "module_hash", "document_key", "one_document",
            "grid_free_key", "dependency_files", "store_product", "load_product", "read_product", "discard_product",
            "StoredProduct", "numba_cache_failure",
            "purge_numba_cache", "schema_passed", "record_schema_pass"]
@@ -352,9 +354,36 @@ def dependency_files(doc: Any, base: Path) -> list | None:
     return sorted(seen.items())
 
 
+#: (source, its :func:`_document`) inside :func:`one_document`'s block.
+_ONE: contextvars.ContextVar = contextvars.ContextVar("esmjac_one_document", default=None)
+
+
+@contextlib.contextmanager
+def one_document(source: Any):
+    """Within the block (one thread's, or a task's), ``source`` — the same
+    object — is read and serialized for its keys once, not once per key:
+    a caller that builds several products of one document (the Rosenbrock
+    leaf: whether it reads ``t``, its RHS and its Jacobian; each key of a
+    272-species dict dumps 2.3 MB of JSON) and holds it unchanged meanwhile."""
+    token = _ONE.set([source, None])
+    try:
+        yield
+    finally:
+        _ONE.reset(token)
+
+
 def _document(source: Any) -> tuple[bytes, Any, Path] | None:
     """(bytes, JSON tree or None, base folder) of a document given as a
     path, JSON text or dict; None when it cannot be keyed."""
+    one = _ONE.get()
+    if one is not None and one[0] is source:
+        if one[1] is None:
+            one[1] = (_read_document(source),)
+        return one[1][0]
+    return _read_document(source)
+
+
+def _read_document(source: Any) -> tuple[bytes, Any, Path] | None:
     if isinstance(source, (str, os.PathLike)) and not str(source).lstrip().startswith("{"):
         p = Path(source)
         try:

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..compile.cache import one_document
 from ..errors import JacError
 from ..layouts.types import DEFAULT_TILE, LaneSparseBlocks
 from ..linalg.sparse_lu import CHUNK, SparseLaneLU
@@ -1130,14 +1131,15 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
     # copy of the document); each program is built once, from what it needs.
     # (Remembered per document in the cache: a warm build loads no document.)
     time_field = None
-    if reads_time(source, model, options=options):
-        _, lay = model_view(source, model, options=options)
-        source, time_field = time_as_parameter(source, set(lay.params) | set(lay.forcing))
-        opts = dict(options or {})
-        opts["per_lane"] = tuple(opts.get("per_lane", ())) + (time_field,)
-        options = opts
-    rhs = RhsProgram.build(source, model, options=options)
-    jac = JacobianProgram.build(source, model, wrt="states", options=options)
+    with one_document(source):              # (keyed once, not per product)
+        if reads_time(source, model, options=options):
+            _, lay = model_view(source, model, options=options)
+            source, time_field = time_as_parameter(source, set(lay.params) | set(lay.forcing))
+            opts = dict(options or {})
+            opts["per_lane"] = tuple(opts.get("per_lane", ())) + (time_field,)
+            options = opts
+        rhs = RhsProgram.build(source, model, options=options)
+        jac = JacobianProgram.build(source, model, wrt="states", options=options)
     checks.integrable(rhs)
     if jac.kind != "cell":
         raise JacError("nonuniform_pattern",
