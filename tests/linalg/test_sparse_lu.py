@@ -163,3 +163,28 @@ def test_serial_narrow_tiles_match_untiled_bitwise(W):
     solve_lanes(A, x, lu.nnz, L, L, CHUNK, *lu.solve_ops())
     solve_lanes(At, xt, lu.nnz, L, W, CHUNK, *lu.solve_ops())
     assert np.array_equal(x, xt)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_transpose_solve_on_vector_tiles_matches_dense_and_untiled(dtype):
+    # the adjoint's (LU)ᵀ x = b: 16-lane tiles (whole tiles through the
+    # rowscatter intrinsic, the partial last tile of 5 lanes through the
+    # loops; float32 factors with a float64 right-hand side, as the mixed
+    # leaf's replays) against a dense NumPy solve of Mᵀ x = b per lane and,
+    # bitwise, the untiled scalar loops on the same factors
+    from esmjac.linalg.sparse_lu import CHUNK, VEC, factor_lanes, solve_transpose_lanes
+    L = 2 * VEC + 5
+    lu, M, b = _system(L=L, seed=12)
+    A = lu.pack(M).astype(dtype)
+    At = _tile(A, lu.nnz, L, VEC).astype(dtype)
+    bad, badt = np.zeros(L, np.int64), np.zeros(L, np.int64)
+    factor_lanes(A, lu.nnz, L, L, CHUNK, *lu.factor_ops(), bad)
+    factor_lanes(At, lu.nnz, L, VEC, CHUNK, *lu.factor_ops(), badt)
+    assert np.all(bad == -1) and np.all(badt == -1)
+    x, xt = b.reshape(-1).copy(), b.reshape(-1).copy()
+    solve_transpose_lanes(A, x, lu.nnz, L, L, *lu.solve_ops())
+    solve_transpose_lanes(At, xt, lu.nnz, L, VEC, *lu.solve_ops())
+    assert np.array_equal(x, xt)
+    ref = np.linalg.solve(np.transpose(M, (0, 2, 1)), b.T[..., None])[..., 0].T
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(xt.reshape(b.shape), ref, rtol=tol, atol=tol)

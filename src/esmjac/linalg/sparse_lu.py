@@ -225,6 +225,47 @@ def vaxpy(typingctx, o, oo, c, co, x, xo, nv):
     return sig, codegen
 
 
+@intrinsic
+def rowscatter(typingctx, b, io, A, ab, slot, col, p0, p1, m, c0, do):
+    """One column of a transposed triangular solve over one tile of VEC
+    lanes: ``x = b[io:io+VEC]`` (``/= A[ab+do*VEC : +VEC]`` and stored when
+    ``do >= 0``), then ``b[col[p]*m+c0 : +VEC] -= A[ab+slot[p]*VEC : +VEC] * x``
+    for ``p`` in ``p0 .. p1-1`` in order (``x`` held in registers; ``A``
+    widened exactly when narrower than ``b``)."""
+    sig = types.void(b, io, A, ab, slot, col, p0, p1, m, c0, do)
+
+    def codegen(context, builder, signature, args):
+        bt, _, At, _, st, ct, _, _, _, _, _ = signature.args
+        b_, io_, A_, ab_, s_, c_, p0_, p1_, m_, c0_, do_ = args
+        i64 = ir.IntType(64)
+        vb, va = (ir.VectorType(context.get_value_type(t.dtype), VEC) for t in (bt, At))
+        al, aa = bt.dtype.bitwidth // 8, At.dtype.bitwidth // 8
+        widen = bt.dtype != At.dtype
+        bp = _vptr(context, builder, bt, b_, io_, vb)
+        xs = cgutils.alloca_once(builder, vb)
+        builder.store(_vload(builder, bp, al), xs)
+        with builder.if_then(builder.icmp_signed(">=", do_, i64(0))):
+            dv = _vload(builder, _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(do_, i64(VEC))), va), aa)
+            if widen:
+                dv = builder.fpext(dv, vb)
+            q = builder.fdiv(builder.load(xs), dv)
+            _vstore(builder, q, bp, al)
+            builder.store(q, xs)
+        x = builder.load(xs)
+        sd = context.make_array(st)(context, builder, s_).data
+        cd = context.make_array(ct)(context, builder, c_).data
+        with cgutils.for_range_slice(builder, p0_, p1_, i64(1), inc=True) as (p, _):
+            ao = builder.add(ab_, builder.mul(builder.load(builder.gep(sd, [p])), i64(VEC)))
+            jo = builder.add(builder.mul(builder.load(builder.gep(cd, [p])), m_), c0_)
+            a = _vload(builder, _vptr(context, builder, At, A_, ao, va), aa)
+            if widen:
+                a = builder.fpext(a, vb)
+            jp = _vptr(context, builder, bt, b_, jo, vb)
+            _vstore(builder, builder.fsub(_vload(builder, jp, al), builder.fmul(a, x)), jp, al)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 # --------------------------------------------------------------------------
 # Numeric kernels. Index arrays come in as arguments (never globals) so the
 # cached machine code is independent of any particular pattern.
@@ -318,8 +359,17 @@ def solve_transpose_lanes(A, b, nnz, L, W, piv_slot, fwd_ptr, fwd_slot, fwd_col,
     while l0 < L:
         # blocks of at most 256 lanes that never cross a tile
         m = min(256, L - l0, W - l0 % W)
-        _solve_t_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
-                       bwd_ptr, bwd_slot, bwd_col)
+        if m == VEC and W == VEC:               # a whole tile of VEC lanes: vector ops
+            n = piv_slot.shape[0]
+            base = (l0 // W) * nnz * W
+            for i in range(n):
+                rowscatter(b, i * L + l0, A, base, bwd_slot, bwd_col, bwd_ptr[i], bwd_ptr[i + 1], L, l0,
+                           piv_slot[i])
+            for i in range(n - 1, -1, -1):
+                rowscatter(b, i * L + l0, A, base, fwd_slot, fwd_col, fwd_ptr[i], fwd_ptr[i + 1], L, l0, -1)
+        else:
+            _solve_t_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
+                           bwd_ptr, bwd_slot, bwd_col)
         l0 += m
 
 
