@@ -273,6 +273,53 @@ def test_lane_blocks_and_lu_tiles_do_not_change_a_bit(monkeypatch):
             assert len(steppers) == threads and (blocks > L or len(blk) > threads), (len(steppers), len(blk))
 
 
+def test_lanes_grouped_by_previous_step_counts_do_not_change_a_bit(monkeypatch):
+    # An advance groups its lanes into blocks by their step counts in the
+    # previous advance of the same lane count (leaf.ORDER_LANES). Oracle: the
+    # same advance with grid-order blocks (ORDER_LANES off, fresh scratch):
+    # the same bits and the same per-lane statistics, for Rodas3 (tiled and
+    # tile=None) and the W-method (kept Jacobians follow their lanes), on one
+    # and two threads. The order is checked to be in use (a permutation, not
+    # the identity, whose blocks hold lanes of like step counts).
+    from esmjac.integrators import leaf as _leaf
+    from esmjac.integrators.lanestep import LaneStepper
+    L = 600
+    doc = lift(json.loads(TROPO12.read_text()), L)
+    monkeypatch.setattr(_leaf, "BLOCK_LANES", 100)
+    seen = []
+    run = LaneStepper.run
+
+    def spy(self, *a, **kw):
+        seen.append(a[18] if len(a) == 19 else kw.get("lanes"))
+        return run(self, *a, **kw)
+    monkeypatch.setattr(LaneStepper, "run", spy)
+    for kw, threads in (({}, 1), ({"tile": None}, 1), ({"method": "ros34pw2"}, 1), ({}, 2)):
+        leaf = rosenbrock(doc, rtol=1e-4, threads=threads, **kw)
+        u, fj = _grid(leaf, L, 7)
+        monkeypatch.setattr(_leaf, "ORDER_LANES", False)
+        leaf._scratch.clear()
+        v0 = u.copy()
+        s0 = leaf.advance(v0, 0.0, DT, forcing=fj)
+        ref = {k: np.array(getattr(s0, k)) for k in ("status", "nsteps", "naccept", "nreject", "nfev", "njev",
+                                                        "ndec", "h", "t")}
+        assert s0.success and len(set(ref["nsteps"].tolist())) > 3
+        monkeypatch.setattr(_leaf, "ORDER_LANES", True)
+        for call in range(2):               # the first call in grid order, the second grouped
+            seen.clear()
+            v = u.copy()
+            st = leaf.advance(v, 0.0, DT, forcing=fj)
+            assert np.array_equal(v, v0), (kw, threads, call)
+            for k, a in ref.items():
+                assert np.array_equal(getattr(st, k), a), (kw, threads, call, k)
+        lanes = seen[0]
+        assert lanes is not None and sorted(lanes.tolist()) == list(range(L)) \
+            and not np.array_equal(lanes, np.arange(L))
+        # the first block holds the lanes that needed the fewest steps
+        (blocks, *_), = leaf._scratch.values()
+        c0 = blocks[0][1]
+        assert c0 < L and ref["nsteps"][lanes[:c0]].max() <= np.sort(ref["nsteps"])[c0 - 1]
+
+
 def _with_explicit_t(doc):
     """tropo12 with a diurnal O3 source that names t: + 1e8·(1 + sin(t/300))."""
     import copy

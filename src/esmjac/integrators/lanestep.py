@@ -907,17 +907,22 @@ class LaneStepper:
 
     # -- driver ---------------------------------------------------------------
     def run(self, u, out, L, lane0, c, t0, tend, h0, forcing, fcall, cix_full, atol, rtol,
-            max_steps, max_rejects, clip, st, record=None):
+            max_steps, max_rejects, clip, st, record=None, lanes=None):
         """Integrate lanes ``lane0 .. lane0+c-1`` of ``u`` (stride L) over
         [t0, tend], results into ``out`` (may be ``u``); per-lane stats in
-        ``st`` (arrays indexed by global lane). With ``record`` (a list), every
-        accepted step is appended as ``(lanes, y (n, k), h (k,))`` — the
-        trajectory the sensitivity replays need."""
+        ``st`` (arrays indexed by global lane). With ``lanes`` (a permutation
+        of the ``L`` lanes), the block is lanes ``lanes[lane0:lane0+c]``
+        instead. With ``record`` (a list), every accepted step is appended as
+        ``(lanes, y (n, k), h (k,))`` — the trajectory the sensitivity
+        replays need."""
         tab, lu = self.tab, self.lu
         n, S = self.n, tab.stages
         m = int(c)
         idx = self.idx
-        idx[:m] = np.arange(lane0, lane0 + m)
+        if lanes is None:
+            idx[:m] = np.arange(lane0, lane0 + m)
+        else:
+            idx[:m] = lanes[lane0:lane0 + m]
         _gather(u, L, idx, n, m, self.Y)
         if self.nfu and fcall is None:
             _gather(forcing, L, idx, self.nfu, m, self.FZ)
