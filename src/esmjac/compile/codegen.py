@@ -59,7 +59,7 @@ from .._version import __version__
 from ..errors import JacError, in_equation
 from ..model.expr import add, format_float
 from ..model.layout import strides as row_major_strides
-from .ssa import Block, Lowering
+from .ssa import Block, Lowering, operands
 from .tape import encode
 
 __all__ = ["generate", "Generated", "GENERATOR", "tile_scratch", "escape"]
@@ -563,15 +563,6 @@ def _global_groups(doc) -> list:
     return list(groups.items())
 
 
-def _operands(op: str, args: tuple) -> tuple:
-    """The value ids an instruction reads (leaves carry immediates only)."""
-    if op in ("const", "hoist", "param", "time", "idx", "lane"):
-        return ()
-    if op == "gload":
-        return tuple(args[4:])
-    if op == "table":
-        return tuple(args[2:])
-    return tuple(args)
 
 
 def _live(blk: Block, roots) -> set:
@@ -584,7 +575,7 @@ def _live(blk: Block, roots) -> set:
         if v in need:
             continue
         need.add(v)
-        stack.extend(_operands(*blk.ins[v]))
+        stack.extend(operands(*blk.ins[v]))
     return need
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from .ssa import operands
 from .tape import live
 
 __all__ = ["PolyBody", "expand", "run_poly", "scratch_size", "MAX_GROWTH", "BLOCK"]
@@ -154,8 +155,8 @@ def _polynomials(ins: list, stores: list, budget: int) -> dict:
     need = live(ins, stores, strict=False)
     uses = [0] * len(ins)
     for v, (op, args) in enumerate(ins):
-        if need[v] and op not in ("const", "hoist", "param", "time", "idx", "lane"):
-            for a in args:
+        if need[v]:
+            for a in operands(op, args):
                 uses[a] += 1
     for v, _ in stores:
         uses[v] += 1
@@ -212,7 +213,7 @@ def _polynomials(ins: list, stores: list, budget: int) -> dict:
         if len(r) > budget:
             raise _NotPolynomial("expansion too large")
         val[v] = r
-        for a in set(args) if op not in ("const", "hoist", "param", "time", "idx", "lane") else ():
+        for a in set(operands(op, args)):
             if uses[a] == 0:
                 val.pop(a, None)        # keep memory at the live values
     return {v: val[v] for v, _ in stores}

@@ -30,16 +30,31 @@ from ..model.closed import expand_closed
 from ..model.expr import AGG, Node, free_names, is_lit, node, substitute
 from ..model.layout import strides as row_major_strides
 
-__all__ = ["Block", "Lowering", "UNARY", "BINARY", "const_table"]
+__all__ = ["Block", "Lowering", "UNARY", "BINARY", "LEAVES", "operands", "const_table"]
 
 UNARY = {"exp", "log", "log10", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan",
          "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "abs", "sign", "floor", "ceil",
          "neg", "not"}
 BINARY = {"+", "*", "-", "/", "pow", "<", "<=", ">", ">=", "==", "!=", "and", "or",
           "min", "max", "atan2"}
+#: Instructions whose arguments are immediates (an index, a constant), not values.
+LEAVES = frozenset(("const", "hoist", "param", "time", "idx", "lane"))
 MAX_UNROLL = 20000
 #: 1/ln(10), the factor of log10 (:meth:`Block.emit`).
 _INV_LN10 = 1.0 / math.log(10.0)
+
+
+def operands(op: str, args: tuple) -> tuple:
+    """The value ids instruction ``(op, args)`` reads: none for a leaf
+    (:data:`LEAVES`), the offset and operands of a computed-offset read
+    (``gload``: after its four immediates; ``table``: after two)."""
+    if op in LEAVES:
+        return ()
+    if op == "gload":
+        return tuple(args[4:])
+    if op == "table":
+        return tuple(args[2:])
+    return tuple(args)
 
 
 class Block:

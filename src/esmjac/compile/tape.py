@@ -21,7 +21,7 @@ import numba as nb
 import numpy as np
 
 from ..errors import JacError
-from .ssa import Block
+from .ssa import Block, operands
 
 __all__ = ["Tape", "encode", "run_tape", "check_tape", "retarget", "in_store_order", "TapeBounds", "CHUNK", "OPS",
            "unary_op", "rare_op", "zero_slots"]
@@ -347,20 +347,15 @@ def live(ins: list, stores: list, strict: bool = True) -> list:
         op, args = ins[v]
         if strict:
             stack.extend(_operands(op, args))
-        elif op not in _LEAVES:
-            stack.extend(args)
+        else:
+            stack.extend(operands(op, args))
     return need
 
 
-_LEAVES = frozenset(("const", "hoist", "param", "time", "idx", "lane"))
-
-
 def _operands(op: str, args: tuple) -> tuple:
-    if op in ("const", "hoist", "param", "time", "idx", "lane"):
-        return ()
     if op in ("gload", "table"):
         raise JacError("unsupported_construct", "computed-offset reads are not taped")
-    return tuple(args)
+    return operands(op, args)
 
 
 def _row(op, args, d, srcs, consts, cpos) -> tuple:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compile.cache import content_hash, discard_product, load_product, module_hash, store_product
-from ..compile.ssa import Block
+from ..compile.ssa import LEAVES, UNARY, Block, operands
 from ..compile.massaction import PolyBody, expand
 from ..compile.tape import OPS, Tape, TapeBounds, check_tape, encode
 from ..errors import JacError
@@ -52,9 +52,6 @@ log = logging.getLogger("esmjac.cache")
 
 __all__ = ["LaneSplit", "split"]
 
-_LEAVES = {"const", "hoist", "param", "time", "idx", "lane_u", "lane_f"}
-_UNARY = {"neg", "not", "exp", "log", "log10", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
-          "cosh", "tanh", "abs", "sign", "floor", "ceil", "asinh", "acosh", "atanh"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,20 +93,12 @@ def _ssa(tape: Tape) -> tuple:
             ins.append(("lane", (name[-1], a)))
         elif name == "select":
             ins.append(("select", (cur[a], cur[b], cur[c])))
-        elif name in _UNARY:
+        elif name in UNARY:
             ins.append((name, (cur[a],)))
         else:
             ins.append((name, (cur[a], cur[b])))
         cur[d] = len(ins) - 1
     return ins, stores
-
-
-def _is_leaf(op: str) -> bool:
-    return op in ("const", "hoist", "param", "time", "idx", "lane")
-
-
-def _args(op: str, args: tuple) -> tuple:
-    return () if _is_leaf(op) else args
 
 
 def split(tape: Tape, row0: int, cache: bool = True) -> LaneSplit:
@@ -246,17 +235,17 @@ def _split(tape: Tape, row0: int) -> LaneSplit:
     for v, (op, args) in enumerate(ins):
         if op == "time" or (op == "lane" and args[0] == "u"):
             var[v] = True
-        elif not _is_leaf(op):
+        elif op not in LEAVES:
             var[v] = any(var[a] for a in args)
     frontier: dict = {}                 # value -> row offset (first use order)
 
     def mark(v):
-        if not var[v] and not _is_leaf(ins[v][0]) and v not in frontier:
+        if not var[v] and ins[v][0] not in LEAVES and v not in frontier:
             frontier[v] = len(frontier)
 
     for v, (op, args) in enumerate(ins):
         if var[v]:
-            for a in _args(op, args):
+            for a in operands(op, args):
                 mark(a)
     for v, _ in stores:
         mark(v)

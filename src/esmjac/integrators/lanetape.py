@@ -35,7 +35,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..compile.ssa import Block
+from ..compile.ssa import Block, operands
 from ..compile.tape import CHUNK, OPS, Tape, live, rare_op, zero_slots
 
 __all__ = ["encode_fused", "run_fused", "FUSED_BASE", "CONST_BASE"]
@@ -50,12 +50,6 @@ _OPC = {o: i for i, o in enumerate(OPS)}
 FUSED_BASE = 100
 CONST_BASE = 200
 _ARITH = {"+": 0, "-": 1, "*": 2, "/": 3}
-
-
-def _operands(op: str, args: tuple) -> tuple:
-    if op in ("const", "hoist", "param", "time", "idx", "lane"):
-        return ()
-    return tuple(args)
 
 
 def encode_fused(blk: Block, stores: list, fuse: bool = True) -> Tape:
@@ -92,7 +86,7 @@ def encode_fused(blk: Block, stores: list, fuse: bool = True) -> Tape:
         op, args = ins[v]
         if op in _ARITH:
             return tuple(a for a in args if src(a) is None)
-        return _operands(op, args)
+        return operands(op, args)
 
     need = live(ins, stores, strict=False)        # every operand's value is computed (rows are free)
     # a lane or constant leaf read only through fused operands needs no register
