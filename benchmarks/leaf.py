@@ -300,8 +300,8 @@ class StepParts:
     combinations, the end of each attempt with its error norm — on the states,
     caches and lane counts of the real run. Σ parts is less than the traced
     run's own CPU time by the Python between calls plus the wrappers' and the
-    clock's cost (≈ 2 µs a call); against an untraced run's total, the rest is
-    the driver's Python and dispatch (``remainder``). One thread only (the
+    clock's cost (``per_call``, calibrated on a wrapped no-op): :meth:`python`
+    is the driver's own Python of the traced run. One thread only (the
     wrappers replace module globals while inside the ``with``)."""
 
     def __init__(self, steppers):
@@ -311,6 +311,18 @@ class StepParts:
         self.calls: dict = {}
         self.overhead = _timer_cost()
         self._saved: list = []
+        # what a wrapped call costs outside every part (the wrapper's Python,
+        # the clock's other half): a wrapped no-op, timed as a whole, with the
+        # step's mean argument count (≈ 20: RHS 5, a stage solve 26, _finish 50)
+        w = self._wrap("_calibration", lambda *a: None)
+        tt = time.thread_time
+        args = tuple(range(20))
+        t0 = tt()
+        for _ in range(2000):
+            w(*args)
+        tot = tt() - t0
+        self.per_call = max(tot - self.cpu.pop("_calibration"), 0.0) / 2000
+        self.calls.pop("_calibration")
 
     def _wrap(self, kind, fn):
         tt, cpu, calls, c = time.thread_time, self.cpu, self.calls, self.overhead
@@ -343,6 +355,11 @@ class StepParts:
         for obj, name, fn in reversed(self._saved):
             setattr(obj, name, fn)
         self._saved.clear()
+
+    def python(self, traced_cpu: float) -> float:
+        """CPU seconds of a traced run (``traced_cpu``) in none of its parts and
+        not the wrappers': the driver's own Python between calls."""
+        return traced_cpu - sum(self.cpu.values()) - sum(self.calls.values()) * self.per_call
 
     def per(self, count: int) -> dict:
         """µs per ``count`` (e.g. per cell-step) of each part that ran, and the

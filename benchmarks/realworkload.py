@@ -31,9 +31,10 @@ combination and the next stage's argument fused in), error norm + step
 control, lane compaction, gathers, the rate rows — timed in place during
 one more, traced, run (benchmarks/leaf.py ``StepParts``: ``thread_time``
 around each call, less the calibrated cost of an empty interval); "driver
-Python" is the rest: the measured (untraced) total less those parts, i.e.
-the driver's Python between calls (each part includes its own call's
-dispatch). Engines: ``rhs_engine``/``jac_engine`` say what runs the bodies
+Python" is that traced run's own total less its parts and the wrappers'
+calibrated cost: the driver's Python between calls (each part includes its
+own call's dispatch). ``untraced_minus_parts`` (the timed total less the
+parts) differs from it by run-to-run variation. Engines: ``rhs_engine``/``jac_engine`` say what runs the bodies
 in the step (with hoisted rates: ``poly``, the mass-action kernel, or the
 lane tape), ``program_engines`` the programs' own. Accuracy:
 max relative error over species above 1e3·atol against a tight BDF solve
@@ -266,8 +267,9 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
         lf_fz = obj.forcing_of(fz, L) if hoisted else fz
         steppers = leaf._scratch_for(L, 1)[1]
         v = u0.copy()
+        sp = StepParts(steppers)                # (its calibration outside the traced time)
         t0 = time.thread_time()
-        with StepParts(steppers) as sp:
+        with sp:
             leaf.advance(v, 0.0, DT, forcing=lf_fz)
         traced = time.thread_time() - t0
         assert np.array_equal(v, final)
@@ -279,13 +281,18 @@ def bench_leaf(doc, L, reps, rtol, out, label="leaf Rodas3", leaf_kw=None, trace
         if hoisted:
             c, _ = _cpu(lambda: obj.forcing_of(fz, L))
             parts["rate coefficients (once per 20 min)"] = c / res["attempts"] * 1e6
-        parts["driver Python (the rest)"] = res["us_per_cell_step"] - sum(parts.values())
+        # the driver's Python between calls, in the traced run itself (its total less
+        # the parts and the wrappers' calibrated cost); what the untraced total has
+        # beyond the traced run's parts + Python is run-to-run variation (load)
+        parts["driver Python"] = sp.python(traced) / res["attempts"] * 1e6
+        res["untraced_minus_parts_us_per_cell_step"] = res["us_per_cell_step"] - sum(parts.values())
         res["parts_us_per_cell_step"] = parts
         res["calls_per_cell_step"] = {names_.get(k, k): val for k, val in calls.items()}
         res["block_attempts"] = sp.calls.get("solves", 0) // leaf._tab.stages
         res["calls_per_block_attempt"] = sum(sp.calls.values()) / max(res["block_attempts"], 1)
         res["traced_run_us_per_cell_step"] = traced / res["attempts"] * 1e6
         res["timer_overhead_us_per_call"] = sp.overhead * 1e6
+        res["wrapper_cost_us_per_call"] = sp.per_call * 1e6
     if ref is not None:
         idx, yref = ref
         res["err_vs_bdf"] = rel_err(final.reshape(n, L)[:, idx], yref, np.asarray(leaf.atol))
