@@ -42,7 +42,7 @@ def main(argv=None):
     from esmjac.compile.twins import serial_twin
     from esmjac.integrators.bound import lane_hoist
     from esmjac.integrators.lanehoist import _ssa
-    from esmjac.compile.massaction import BLOCK, PolyBody, expand, run_poly, scratch_size
+    from esmjac.compile.massaction import BLOCK, UNTILED_BLOCK, PolyBody, expand, run_poly, scratch_size
     from esmjac.integrators.lanetape import run_fused
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,22 +90,23 @@ def main(argv=None):
         if pb is None:
             res[name] = {"expanded": False, "expand_cpu_s": ex}
             continue
-        sc = np.empty(scratch_size(pb, W if tiled else 0))
+        Bk = BLOCK if tiled else UNTILED_BLOCK          # as the leaf binds them (integrators.bound)
+        sc = np.empty(scratch_size(pb, W if tiled else 0, Bk))
         tp = cut.scheduled
         Wt, Pt, Ct, zt = (W, P, C, zs) if tiled else (0, 0, L, NO_SLOTS)
 
         def tape(out, tp=tp, h=h, Wt=Wt, Pt=Pt, Ct=Ct, zt=zt):
             run_fused(tp.code, tp.consts, u, fz, p, 0.0, h, cix, out, L, tp.nreg, Wt, Pt, Ct, zt)
 
-        def poly(out, pb=pb, h=h, Wt=Wt, Pt=Pt, Ct=Ct, zt=zt, sc=sc):
-            run_poly(*pb.arrays(), u, fz, h, p, out, L, Wt, Pt, Ct, zt, BLOCK, sc)
+        def poly(out, pb=pb, h=h, Wt=Wt, Pt=Pt, Ct=Ct, zt=zt, sc=sc, Bk=Bk):
+            run_poly(*pb.arrays(), u, fz, h, p, out, L, Wt, Pt, Ct, zt, Bk, sc)
 
         o1, o2 = np.full(size, np.nan), np.full(size, np.nan)
         tape(o1)
         poly(o2)
         ab = PolyBody(pb.fptr, pb.fkind, pb.fidx, pb.optr, pb.omono, np.abs(pb.ocoef), pb.targets)
         scale = np.zeros(size)
-        run_poly(*ab.arrays(), np.abs(u), np.abs(fz), np.abs(h), np.abs(p), scale, L, Wt, Pt, Ct, zt, BLOCK, sc)
+        run_poly(*ab.arrays(), np.abs(u), np.abs(fz), np.abs(h), np.abs(p), scale, L, Wt, Pt, Ct, zt, Bk, sc)
         fin = np.isfinite(o1)
         ok = bool(np.array_equal(fin, np.isfinite(o2)))
         dev = float(np.max(np.abs(o1 - o2)[fin] / np.maximum(scale[fin], 1e-300)))

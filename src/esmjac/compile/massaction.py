@@ -23,16 +23,19 @@ caller keeps the tape (the leaf: :func:`esmjac.integrators.lanetape.run_fused`).
 :func:`run_poly` runs the result: one generic kernel compiled once per
 machine, data-driven by read-only int32 / float64 arrays (nothing
 compiled per mechanism). Per block of :data:`BLOCK` lanes (whole tiles of
-the Jacobian's plan) it computes every monomial's row — lanes innermost,
-no register file, no copies — then each output's terms summed in a fixed
-order and stored once (up to four terms per pass over the lanes, added left to
-right: the bits of one term per pass). Measured on GEOS-Chem fullchem (64 lanes): the
-output-major form beat computing each monomial and scattering it at once
-(read-modify-write of the outputs, 2.5× slower on the Jacobian), and
-blocks of 64 lanes beat 16 or 32 (``benchmarks/RESULTS.md``). Every lane
-sees the same operations in the same order, so a lane's bits do not
-depend on the lane count, its position, the tile width or the thread
-count.
+the Jacobian's plan) it computes every monomial's row, then each output's
+terms summed in a fixed order, left to right, and stored once. Whole
+groups of :data:`VEC` lanes (one 16-lane tile of the Jacobian) run as
+LLVM vector IR (:func:`_vrow`, :func:`_vsum`: a row's product or an
+output's sum held in registers, no alias checks, no accumulator in
+memory); the other lanes of a block through plain loops (up to four
+terms per pass). Measured on GEOS-Chem fullchem (``benchmarks/RESULTS.md``):
+the output-major form beat computing each monomial and scattering it at
+once (read-modify-write of the outputs, 2.5× slower on the Jacobian);
+with the vector sums, blocks of 16 lanes (the monomial rows of a block in
+L2) beat 32 or 64. Every lane sees the same operations in the same order,
+so a lane's bits do not depend on the lane count, its position, the tile
+width, the block or the thread count.
 
 The bits differ from the tape's in the last places: the tape evaluates
 the expression as written (``k·(A − B)``, sums in the document's order),
@@ -48,17 +51,27 @@ from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .ssa import operands
 from .tape import live
 
-__all__ = ["PolyBody", "expand", "run_poly", "scratch_size", "MAX_GROWTH", "BLOCK"]
+__all__ = ["PolyBody", "expand", "run_poly", "scratch_size", "MAX_GROWTH", "BLOCK", "UNTILED_BLOCK", "VEC"]
 
 #: The expansion is refused when its terms (output terms plus monomial
 #: factors) exceed this multiple of the body's instructions.
 MAX_GROWTH = 4
 #: Lanes per block (rounded to whole tiles): the monomial rows of a block.
-BLOCK = 64
+#: A tiled output (the leaf's Jacobian) runs blocks of one 16-lane tile, its
+#: rows and sums in vector IR with the block's rows in L2; an untiled one
+#: (the right-hand side, 793 rows against the Jacobian's 1,203) :data:`UNTILED_BLOCK`.
+BLOCK = 16
+#: Lanes per block of an untiled output: its rows through loops that read
+#: each input row's 64 lanes in one pass (measured: as fast as 16-lane
+#: blocks alone, faster in the leaf under load, where the inputs are not in cache).
+UNTILED_BLOCK = 64
 
 # factor kinds: a state row, a field row, a prologue scalar, a parameter;
 # plus _DIV: the same, divided by (a monomial over a monomial)
@@ -274,6 +287,132 @@ def _order(k: tuple) -> tuple:
 _U64 = np.uint64
 
 
+#: Lanes of one vector sum (:func:`_vsum`): 4 AVX2 registers of float64.
+VEC = 16
+
+
+def _to_i64(builder, v):
+    """An index loaded from an int32 (or int64) array, as i64 (indices are
+    non-negative)."""
+    return v if v.type.width == 64 else builder.zext(v, ir.IntType(64))
+
+
+def _f64(*arrays) -> bool:
+    return all(isinstance(a, types.Array) and a.dtype == types.float64 for a in arrays)
+
+
+@intrinsic
+def _vsum(typingctx, out, ob, S, sb, omono, ocoef, e0, e1, B):
+    """``out[ob : ob+VEC] = Σ ocoef[e]·S[omono[e]*B + sb : +VEC]`` over ``e``
+    in ``e0 .. e1-1``, added left to right from the first product (0 when
+    empty), the sum held in registers and stored once. Emitted as LLVM
+    vector IR on ``<VEC x double>``: no alias check, no remainder loop, no
+    accumulator row in memory. ``fmul`` then ``fadd`` with no contraction
+    flags: each lane's bits are those of the scalar loop
+    ``a = c0*x0; a = a + c1*x1; ...`` (a pass of four terms,
+    ``c0*x0 + c1*x1 + c2*x2 + c3*x3``, is that same sequence)."""
+    if not _f64(out, S, ocoef):
+        return None
+    sig = types.void(out, ob, S, sb, omono, ocoef, e0, e1, B)
+
+    def codegen(context, builder, signature, args):
+        ot, _, st, _, mt, ct, _, _, _ = signature.args
+        out_, ob_, S_, sb_, om_, oc_, e0_, e1_, B_ = args
+        i64 = ir.IntType(64)
+        vt = ir.VectorType(ir.DoubleType(), VEC)
+        od = context.make_array(ot)(context, builder, out_).data
+        sd = context.make_array(st)(context, builder, S_).data
+        md = context.make_array(mt)(context, builder, om_).data
+        cd = context.make_array(ct)(context, builder, oc_).data
+        zero32 = ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC)
+
+        def term(e):
+            c = builder.load(builder.gep(cd, [e]))
+            cv = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, ir.Undefined), c,
+                                                               ir.IntType(32)(0)),
+                                        ir.Constant(vt, ir.Undefined), zero32)
+            i = _to_i64(builder, builder.load(builder.gep(md, [e])))
+            xp = builder.bitcast(builder.gep(sd, [builder.add(builder.mul(i, B_), sb_)]), vt.as_pointer())
+            x = builder.load(xp)
+            x.align = 8
+            return builder.fmul(cv, x)
+        acc = cgutils.alloca_once(builder, vt)
+        with builder.if_else(builder.icmp_unsigned(">", e1_, e0_)) as (some, none):
+            with some:
+                builder.store(term(e0_), acc)
+                with cgutils.for_range_slice(builder, builder.add(e0_, i64(1)), e1_, i64(1), inc=True) as (e, _):
+                    builder.store(builder.fadd(builder.load(acc), term(e)), acc)
+            with none:
+                builder.store(ir.Constant(vt, [0.0] * VEC), acc)
+        op = builder.bitcast(builder.gep(od, [ob_]), vt.as_pointer())
+        builder.store(builder.load(acc), op).align = 8
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _vrow(typingctx, S, r, fkind, fidx, a0, a1, u, f, h, p, L, lo):
+    """``S[r : r+VEC]`` = the product of factors ``a0 .. a1-1`` (kinds as in
+    :class:`PolyBody`) over lanes ``lo .. lo+VEC-1`` of the input rows,
+    applied left to right from the first (1 when none; a divisor first:
+    ``1/x``), held in registers and stored once. LLVM vector IR as
+    :func:`_vsum`: each lane's bits are those of the scalar loops."""
+    if not _f64(S, u, f, h, p):
+        return None
+    sig = types.void(S, r, fkind, fidx, a0, a1, u, f, h, p, L, lo)
+
+    def codegen(context, builder, signature, args):
+        st, _, kt, it, _, _, ut, ft, ht, pt, _, _ = signature.args
+        S_, r_, k_, i_, a0_, a1_, u_, f_, h_, p_, L_, lo_ = args
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        vt = ir.VectorType(ir.DoubleType(), VEC)
+        vp = vt.as_pointer()
+        sd, kd, idd, ud, fd, hd, pd = (context.make_array(t)(context, builder, v).data for t, v in
+                                       ((st, S_), (kt, k_), (it, i_), (ut, u_), (ft, f_), (ht, h_), (pt, p_)))
+        zero32 = ir.Constant(ir.VectorType(i32, VEC), [0] * VEC)
+        one = ir.Constant(vt, [1.0] * VEC)
+        acc = cgutils.alloca_once(builder, vt)
+        builder.store(one, acc)
+        with cgutils.for_range_slice(builder, a0_, a1_, i64(1), inc=True) as (q, _):
+            kind = builder.load(builder.gep(kd, [q]))
+            idx = _to_i64(builder, builder.load(builder.gep(idd, [q])))
+            odd = builder.icmp_unsigned("!=", builder.and_(kind, kind.type(1)), kind.type(0))
+            xv = cgutils.alloca_once(builder, vt)
+            with builder.if_else(builder.icmp_unsigned("==", builder.and_(kind, kind.type(2)),
+                                                       kind.type(0))) as (row, scalar):
+                with row:                       # kinds 0, 1, 4, 5: a state or field row
+                    base = builder.select(odd, fd, ud)
+                    xp = builder.bitcast(builder.gep(base, [builder.add(builder.mul(idx, L_), lo_)]), vp)
+                    x = builder.load(xp)
+                    x.align = 8
+                    builder.store(x, xv)
+                with scalar:                    # kinds 2, 3, 6, 7: a prologue value or parameter
+                    c = builder.load(builder.gep(builder.select(odd, pd, hd), [idx]))
+                    builder.store(builder.shuffle_vector(builder.insert_element(ir.Constant(vt, ir.Undefined), c,
+                                                                                i32(0)),
+                                                         ir.Constant(vt, ir.Undefined), zero32), xv)
+            x = builder.load(xv)
+            div = builder.icmp_unsigned(">=", kind, kind.type(4))
+            first = builder.icmp_unsigned("==", q, a0_)
+            with builder.if_else(div) as (d, m):
+                with d:
+                    with builder.if_else(first) as (f1, f2):
+                        with f1:
+                            builder.store(builder.fdiv(one, x), acc)
+                        with f2:
+                            builder.store(builder.fdiv(builder.load(acc), x), acc)
+                with m:
+                    with builder.if_else(first) as (f1, f2):
+                        with f1:
+                            builder.store(x, acc)
+                        with f2:
+                            builder.store(builder.fmul(builder.load(acc), x), acc)
+        op = builder.bitcast(builder.gep(sd, [r_]), vp)
+        builder.store(builder.load(acc), op).align = 8
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L, W, P, C, zslots, B, scratch):
     """Evaluate a :class:`PolyBody` for lanes ``0..L-1`` (inputs ``u``, ``f``
@@ -283,23 +422,26 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
     ``zslots`` zeroed, padding lanes ``L..C-1`` a copy of lane ``L-1``).
     Per block of ``B`` lanes (a multiple of ``W`` when tiled): every
     monomial's row into a buffer, then each output's terms summed in their
-    order (up to four terms per pass over the lanes, added left to right:
-    ``a + t1 + t2`` is ``(a + t1) + t2``, the bits of one term per pass) and
-    stored once: an output of up to four terms in one pass straight into its
-    tiles (the padded last tile of a block excepted), a longer one through an
-    accumulator row copied into them. ``scratch``: at least
-    :func:`scratch_size` values (the monomial rows and the accumulator; a
-    smaller one is replaced by an allocation).
+    order, left to right, and stored once. The block's whole groups of
+    :data:`VEC` lanes (when ``W`` is 0 or a multiple of ``VEC``) run
+    :func:`_vrow` and :func:`_vsum`, each output's sum straight into its
+    slot; the rest of the block (lanes past the last whole group or tile)
+    runs the loops below: up to four terms per pass over the lanes
+    (``a + t1 + t2`` is ``(a + t1) + t2``, the bits of one term per pass),
+    an output of up to four terms in one pass straight into its tiles, a
+    longer one through an accumulator row copied into them, a padded last
+    tile through the accumulator. ``scratch``: at least :func:`scratch_size`
+    values (the monomial rows and the accumulator; a smaller one is
+    replaced by an allocation).
 
-    One function, no helpers and no slices: every array is indexed by an
+    No Numba helpers and no slices (the two intrinsics are inlined IR that
+    takes no reference): every array is indexed by an
     unsigned offset into its flat storage. A Numba slice (or an array passed
     to a helper, inlined or not) is a reference-count increment and
     decrement, two atomic operations that drain the store buffer; taken per
     monomial and per output they were most of this kernel's time (GEOS-Chem
     fullchem, 64 lanes: RHS 1.9 -> 1.3 µs per lane, Jacobian 5.0 -> 3.4).
-    Divisions (tile of a lane) are per block, not per output; the direct
-    stores spare the Jacobian's 2,797 short outputs a copy through the
-    accumulator (3.1 -> 2.6 µs per lane)."""
+    Divisions (tile of a lane) are per block, not per output."""
     nm = fptr.shape[0] - 1
     if W > 0:
         B = max(W, (B // W) * W)
@@ -318,119 +460,157 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
         ms = min(Cs, l0 + B) - l0               # stored lanes
         if m == 0:
             break
-        mu = _U64(m)
         l0u = _U64(l0)
-        if W > 0:                               # the block's tiles: nt stored, full of real lanes
-            tile0 = l0 // W
-            nt = ms // W
-            full = m // W
+        # whole groups of VEC lanes summed by _vsum (whole tiles when tiled:
+        # a group is VEC contiguous values of a slot); the rest of the
+        # block's lanes, from lane ls on, by the loops below
+        if W == 0:
+            ng = m // VEC
+        elif W % VEC == 0:
+            ng = (m // W) * (W // VEC)
+        else:
+            ng = 0
+        ls = ng * VEC
+        mg = m - ls
+        lsu = _U64(ls)
+        mgu = _U64(mg)
+        l0g = l0 + ls
+        l0gu = _U64(l0g)
+        if W > 0:                               # the rest's tiles: nt stored, full of real lanes
+            tile0 = l0g // W
+            nt = (ms - ls) // W
+            full = mg // W
             Wb = Wu
-        else:                                   # one "tile": the block's m lanes of each row
+        else:                                   # one "tile": the rest's lanes of each row
             tile0 = 0
-            nt = full = 1
-            Wb = mu
+            nt = full = 1 if mg > 0 else 0
+            Wb = mgu
         # -- the monomials' rows: leading field and state rows in one pass
         # (fields first, as the expansion sorts them: f·f·f, f·f·u, f·u·u,
         # u·u·u, or two of them), then each further factor, left to right:
         # the same bits as one factor per pass
-        for i in range(nm):
+        # (by _vrow when a block is one group: from L2 when the block's rows
+        # are, while a wider block's rows stream a row's lanes in one pass)
+        ngr = ng if B <= VEC else 0
+        rs = ngr * VEC
+        rsu = _U64(rs)
+        rmu = _U64(m - rs)
+        rl0u = _U64(l0 + rs)
+        for g in range(ngr):
+            lo = l0u + _U64(g * VEC)
+            sb = _U64(g * VEC)
+            for i in range(nm):
+                _vrow(S, _U64(i) * Bu + sb, fkind, fidx, _U64(fptr[i]), _U64(fptr[i + 1]), u, f, h, p, Lu, lo)
+        for i in range(nm if m > rs else 0):
             a0 = fptr[i]
             a1 = fptr[i + 1]
-            r = _U64(i) * Bu
+            r = _U64(i) * Bu + rsu
             nf = a1 - a0
             k0 = fkind[a0] if nf > 0 else 9
             k1 = fkind[a0 + 1] if nf > 1 else 9
             k2 = fkind[a0 + 2] if nf > 2 else 9
             q0 = a0
             if k0 <= 1 and k1 <= 1 and k0 >= k1:
-                o0 = _U64(fidx[a0]) * Lu + l0u
-                o1 = _U64(fidx[a0 + 1]) * Lu + l0u
+                o0 = _U64(fidx[a0]) * Lu + rl0u
+                o1 = _U64(fidx[a0 + 1]) * Lu + rl0u
                 if k2 <= 1 and k1 >= k2:
-                    o2 = _U64(fidx[a0 + 2]) * Lu + l0u
+                    o2 = _U64(fidx[a0 + 2]) * Lu + rl0u
                     if k2 == 1:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = f[o0 + j] * f[o1 + j] * f[o2 + j]
                     elif k1 == 1:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = f[o0 + j] * f[o1 + j] * u[o2 + j]
                     elif k0 == 1:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = f[o0 + j] * u[o1 + j] * u[o2 + j]
                     else:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = u[o0 + j] * u[o1 + j] * u[o2 + j]
                     q0 = a0 + 3
                 else:
                     if k1 == 1:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = f[o0 + j] * f[o1 + j]
                     elif k0 == 1:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = f[o0 + j] * u[o1 + j]
                     else:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = u[o0 + j] * u[o1 + j]
                     q0 = a0 + 2
             elif nf == 0:
-                for j in range(mu):
+                for j in range(rmu):
                     S[r + j] = 1.0
             for q in range(q0, a1):
                 kind = fkind[q]
                 idx = fidx[q]
                 first = q == a0
                 if kind == 0 or kind == 1 or kind == 4 or kind == 5:
-                    o = _U64(idx) * Lu + l0u
+                    o = _U64(idx) * Lu + rl0u
                     if kind == 0:
                         if first:
-                            for j in range(mu):
+                            for j in range(rmu):
                                 S[r + j] = u[o + j]
                         else:
-                            for j in range(mu):
+                            for j in range(rmu):
                                 S[r + j] = S[r + j] * u[o + j]
                     elif kind == 1:
                         if first:
-                            for j in range(mu):
+                            for j in range(rmu):
                                 S[r + j] = f[o + j]
                         else:
-                            for j in range(mu):
+                            for j in range(rmu):
                                 S[r + j] = S[r + j] * f[o + j]
                     elif kind == 4:
                         if first:
-                            for j in range(mu):
+                            for j in range(rmu):
                                 S[r + j] = 1.0 / u[o + j]
                         else:
-                            for j in range(mu):
+                            for j in range(rmu):
                                 S[r + j] = S[r + j] / u[o + j]
                     elif first:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = 1.0 / f[o + j]
                     else:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = S[r + j] / f[o + j]
                 else:
                     c = h[idx] if kind == 2 or kind == 6 else p[idx]
                     if kind <= 3:
                         if first:
-                            for j in range(mu):
+                            for j in range(rmu):
                                 S[r + j] = c
                         else:
-                            for j in range(mu):
+                            for j in range(rmu):
                                 S[r + j] = S[r + j] * c
                     elif first:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = 1.0 / c
                     else:
-                        for j in range(mu):
+                        for j in range(rmu):
                             S[r + j] = S[r + j] / c
+        # -- each output over the whole groups: _vsum straight into its slot
+        for g in range(ng):
+            lg = l0 + g * VEC
+            if W == 0:
+                gb = _U64(lg)
+                ts = Lu
+            else:
+                gb = _U64((lg // W) * P * W + lg % W)
+                ts = Wu
+            sb = _U64(g * VEC)
+            for k in range(targets.shape[0]):
+                _vsum(out, gb + _U64(targets[k]) * ts, S, sb, omono, ocoef, _U64(optr[k]), _U64(optr[k + 1]), Bu)
         # -- each output: its terms into the accumulator, then stored
-        for k in range(targets.shape[0]):
+        for k in range(targets.shape[0] if mg > 0 else 0):
             e0 = optr[k]
             e1 = optr[k + 1]
             n = e1 - e0
             e = e0
             if n <= 4 and full == nt:               # one pass, straight into the output's tiles
                 t = targets[k]
-                ob = _U64(t) * Lu + l0u if W == 0 else _U64(tile0 * P + t) * Wu
+                ob = _U64(t) * Lu + l0gu if W == 0 else _U64(tile0 * P + t) * Wu
                 if n == 0:
                     for tt in range(nt):
                         for j in range(Wb):
@@ -438,7 +618,7 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                         ob += PWu
                     continue
                 c0 = ocoef[e]
-                x0 = _U64(omono[e]) * Bu
+                x0 = _U64(omono[e]) * Bu + lsu
                 if n == 1:
                     for tt in range(nt):
                         for j in range(Wb):
@@ -447,7 +627,7 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                         x0 += Wb
                     continue
                 c1 = ocoef[e + 1]
-                x1 = _U64(omono[e + 1]) * Bu
+                x1 = _U64(omono[e + 1]) * Bu + lsu
                 if n == 2:
                     for tt in range(nt):
                         for j in range(Wb):
@@ -457,7 +637,7 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                         x1 += Wb
                     continue
                 c2 = ocoef[e + 2]
-                x2 = _U64(omono[e + 2]) * Bu
+                x2 = _U64(omono[e + 2]) * Bu + lsu
                 if n == 3:
                     for tt in range(nt):
                         for j in range(Wb):
@@ -468,7 +648,7 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                         x2 += Wb
                     continue
                 c3 = ocoef[e + 3]
-                x3 = _U64(omono[e + 3]) * Bu
+                x3 = _U64(omono[e + 3]) * Bu + lsu
                 for tt in range(nt):
                     for j in range(Wb):
                         out[ob + j] = c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j] + c3 * S[x3 + j]
@@ -479,73 +659,73 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                     x3 += Wb
                 continue
             if n == 0:
-                for j in range(mu):
+                for j in range(mgu):
                     S[acc + j] = 0.0
             elif n == 1:
                 c0 = ocoef[e]
-                x0 = _U64(omono[e]) * Bu
-                for j in range(mu):
+                x0 = _U64(omono[e]) * Bu + lsu
+                for j in range(mgu):
                     S[acc + j] = c0 * S[x0 + j]
             elif n == 2:
                 c0 = ocoef[e]
-                x0 = _U64(omono[e]) * Bu
+                x0 = _U64(omono[e]) * Bu + lsu
                 c1 = ocoef[e + 1]
-                x1 = _U64(omono[e + 1]) * Bu
-                for j in range(mu):
+                x1 = _U64(omono[e + 1]) * Bu + lsu
+                for j in range(mgu):
                     S[acc + j] = c0 * S[x0 + j] + c1 * S[x1 + j]
             elif n == 3:
                 c0 = ocoef[e]
-                x0 = _U64(omono[e]) * Bu
+                x0 = _U64(omono[e]) * Bu + lsu
                 c1 = ocoef[e + 1]
-                x1 = _U64(omono[e + 1]) * Bu
+                x1 = _U64(omono[e + 1]) * Bu + lsu
                 c2 = ocoef[e + 2]
-                x2 = _U64(omono[e + 2]) * Bu
-                for j in range(mu):
+                x2 = _U64(omono[e + 2]) * Bu + lsu
+                for j in range(mgu):
                     S[acc + j] = c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j]
             else:
                 while e1 - e >= 4:
                     c0 = ocoef[e]
-                    x0 = _U64(omono[e]) * Bu
+                    x0 = _U64(omono[e]) * Bu + lsu
                     c1 = ocoef[e + 1]
-                    x1 = _U64(omono[e + 1]) * Bu
+                    x1 = _U64(omono[e + 1]) * Bu + lsu
                     c2 = ocoef[e + 2]
-                    x2 = _U64(omono[e + 2]) * Bu
+                    x2 = _U64(omono[e + 2]) * Bu + lsu
                     c3 = ocoef[e + 3]
-                    x3 = _U64(omono[e + 3]) * Bu
+                    x3 = _U64(omono[e + 3]) * Bu + lsu
                     if e == e0:
-                        for j in range(mu):
+                        for j in range(mgu):
                             S[acc + j] = c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j] + c3 * S[x3 + j]
                     else:
-                        for j in range(mu):
+                        for j in range(mgu):
                             S[acc + j] = S[acc + j] + c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j] \
                                 + c3 * S[x3 + j]
                     e += 4
                 rr = e1 - e
                 if rr == 3:
                     c0 = ocoef[e]
-                    x0 = _U64(omono[e]) * Bu
+                    x0 = _U64(omono[e]) * Bu + lsu
                     c1 = ocoef[e + 1]
-                    x1 = _U64(omono[e + 1]) * Bu
+                    x1 = _U64(omono[e + 1]) * Bu + lsu
                     c2 = ocoef[e + 2]
-                    x2 = _U64(omono[e + 2]) * Bu
-                    for j in range(mu):
+                    x2 = _U64(omono[e + 2]) * Bu + lsu
+                    for j in range(mgu):
                         S[acc + j] = S[acc + j] + c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j]
                 elif rr == 2:
                     c0 = ocoef[e]
-                    x0 = _U64(omono[e]) * Bu
+                    x0 = _U64(omono[e]) * Bu + lsu
                     c1 = ocoef[e + 1]
-                    x1 = _U64(omono[e + 1]) * Bu
-                    for j in range(mu):
+                    x1 = _U64(omono[e + 1]) * Bu + lsu
+                    for j in range(mgu):
                         S[acc + j] = S[acc + j] + c0 * S[x0 + j] + c1 * S[x1 + j]
                 elif rr == 1:
                     c0 = ocoef[e]
-                    x0 = _U64(omono[e]) * Bu
-                    for j in range(mu):
+                    x0 = _U64(omono[e]) * Bu + lsu
+                    for j in range(mgu):
                         S[acc + j] = S[acc + j] + c0 * S[x0 + j]
             t = targets[k]
             if W == 0:
-                ob = _U64(t) * Lu + l0u
-                for j in range(mu):
+                ob = _U64(t) * Lu + l0gu
+                for j in range(mgu):
                     out[ob + j] = S[acc + j]
             else:                                       # into the block's tiles
                 ob = _U64(tile0 * P + t) * Wu
@@ -557,10 +737,10 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                     a += Wu
                 if full < nt:                           # padding lanes: lane L-1's value
                     for j in range(W):
-                        out[ob + _U64(j)] = S[acc + _U64(min(full * W + j, m - 1))]
+                        out[ob + _U64(j)] = S[acc + _U64(min(full * W + j, mg - 1))]
         if W > 0:
-            for tt in range(nt):
-                base = _U64((tile0 + tt) * P) * Wu
+            for tt in range(ms // W):
+                base = _U64((l0 // W + tt) * P) * Wu
                 for z in range(zslots.shape[0]):
                     ob = base + _U64(zslots[z]) * Wu
                     for j in range(Wu):

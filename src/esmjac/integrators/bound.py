@@ -13,7 +13,7 @@ import numpy as np
 from ..compile.codegen import tile_scratch
 from ..compile.engine import NO_SLOTS, run_tapes
 from .lanehoist import LaneSplit, split
-from ..compile.massaction import BLOCK, run_poly, scratch_size
+from ..compile.massaction import BLOCK, UNTILED_BLOCK, run_poly, scratch_size
 from .lanetape import run_fused
 from ..compile.tape import run_tape
 from ..compile.twins import serial_twin
@@ -174,10 +174,10 @@ class BoundPrograms:
         # -- the mass-action kernel's call sites (compile.massaction) ----
         rp, jp = (hz.rhs.poly, hz.jac.poly) if POLY else (None, None)
         if rp is not None:
-            ra, rs = rp.arrays(), np.empty(scratch_size(rp, 0))
+            ra, rs = rp.arrays(), np.empty(scratch_size(rp, 0, UNTILED_BLOCK))
 
             def r(u, fz, cix, m, out):
-                run_poly(*ra, u, fz, hr, p, out, m, 0, 0, m, NO_SLOTS, BLOCK, rs)
+                run_poly(*ra, u, fz, hr, p, out, m, 0, 0, m, NO_SLOTS, UNTILED_BLOCK, rs)
             self.rhs = r
             self.engines["rhs"] = "poly (mass-action kernel, hoisted rates)"
         if jp is not None and _direct(plan):
