@@ -17,7 +17,11 @@ part that needs one says so and is skipped).
   of one the size of the inputs: ``np.sum``). Two forms of the model: the
   *kinetics* (KPP's split, ``gcmech.split_rates``: the rate coefficients are
   per-cell inputs, the Jacobian is pure mass action — what the leaf runs)
-  and *as published* (rate laws evaluated in the kernel, per lane).
+  and *as published* (rate laws evaluated in the kernel, per lane). Also timed:
+  the direct-write body alone on the tape (the route before) and on the
+  mass-action route (``compile.polyroute``, what ``eval_into`` runs when the
+  body is a polynomial), checked first: the tape against Csr bitwise, the
+  route against the tape within 1e-13 of the sum of the terms' magnitudes.
 * **P3 store order** (``--only P3order``) — the direct-write body eval_into
   runs (stores in slot order, ``tape.in_store_order``) against the same
   instructions in the SSA order (stores at random places of each tile's
@@ -32,6 +36,9 @@ part that needs one says so and is skipped).
   hand-rolled one (``peers.handrolled``: SymPy from the mechanism's
   equations, rate constants hoisted, one ``@njit`` loop over cells), which is
   first checked against earthsci-ast's own evaluation; the two interleaved.
+  Also the RHS cut for the mass-action kernel (its tape's rates and
+  monomials, ``run_poly`` over all lanes: a measurement, not a route of
+  RhsProgram) when it is polynomial.
 
 CPU time per call (``time.thread_time``), one Numba thread, medians over
 ``--calls`` timed calls taken in interleaved rounds after warm-up calls; the
@@ -146,31 +153,54 @@ def p3_bound(mech: str, L: int, calls: int, form: str, res: dict) -> GcCells:
     j.eval_into(csr, g.u, g.p, 0.0, g.f, oc, j.new_workspace(L, keep_slab=True))
     M = csr_of(csr, oc)
     P = int(plan.info["slots_per_lane"])
-    V = untile(out, P, L, plan.tile_width(L))
     order = plan.info.get("ordering", list(range(g.n)))
     keys = [tuple(x) for x in plan.info["lu_pattern"]]
     sel = np.arange(0, L, max(1, L // 64))
     pr = np.array([order[a] for a, _ in keys])[:, None] * L + sel[None, :]
     pc = np.array([order[b] for _, b in keys])[:, None] * L + sel[None, :]
     R = np.asarray(M.tocsr()[pr.ravel(), pc.ravel()]).reshape(len(keys), sel.size)
-    if not np.array_equal(V[:, sel], R):
-        raise AssertionError("LaneSparseBlocks differs from Csr")
+    # the tape's direct writes (the route before the mass-action kernel) store the Csr route's bits;
+    # the mass-action route (compile.polyroute, when the body is a polynomial) its expanded sums
+    ft = j.direct_tape(plan)
+    route = ft.route()
+    W, C = plan.tile_width(L), plan.capacity(L)
+    h = np.zeros(max(j.kernel.n_hoist, 1))
+    ot = np.zeros_like(out)
+    ft.run_tape(g.u, g.p, 0.0, g.f, ot, h, ws.cix, L, W, P, C)
+    if not np.array_equal(untile(ot, P, L, W)[:, sel], R):
+        raise AssertionError("LaneSparseBlocks (tape) differs from Csr")
+    err = 0.0
+    if route is not None:           # |route - tape| against the sum of the terms' magnitudes
+        sc = _route_scale(route, g.u, g.f, g.p, h, ws.cix, L, W, P, C, ft.zero_slots, out.size)
+        err = float(np.max(np.abs(out - ot) / np.maximum(sc, 1e-300)))
+        if not err <= 1e-13:
+            raise AssertionError(f"LaneSparseBlocks (eval_into) differs from the tape by {err:.2e} of Σ|terms|")
     b = _bytes_bound(plan, g)
     store = np.zeros(plan.out_size(L))
     reads = np.ones((b["read_bytes"]) // 8)
-    tm = interleaved({"eval_into LaneSparseBlocks": lambda: j.eval_into(plan, g.u, g.p, 0.0, g.f, out, ws),
-                      "bound eval_into LaneSparseBlocks": lambda: run(g.u, g.p, 0.0, g.f, ob),
-                      "store floor (fill of the output's size)": lambda: store.fill(0.0),
-                      "read floor (sum over the inputs' size)": lambda: reads.sum()}, calls)
+    ob2 = np.zeros_like(out)
+    fns = {"eval_into LaneSparseBlocks": lambda: j.eval_into(plan, g.u, g.p, 0.0, g.f, out, ws),
+           "bound eval_into LaneSparseBlocks": lambda: run(g.u, g.p, 0.0, g.f, ob),
+           "body on the tape (the route before)": lambda: ft.run_tape(g.u, g.p, 0.0, g.f, ot, h, ws.cix, L, W, P, C),
+           "store floor (fill of the output's size)": lambda: store.fill(0.0),
+           "read floor (sum over the inputs' size)": lambda: reads.sum()}
+    if route is not None:
+        fns["body on the mass-action route"] = lambda: ft.run(g.u, g.p, 0.0, g.f, ob2, h, ws.cix, L, W, P, C)
+    tm = interleaved(fns, calls)
     st = tm["store floor (fill of the output's size)"]["median"]
     rd = tm["read floor (sum over the inputs' size)"]["median"]
     bound = st + rd
     e = tm["eval_into LaneSparseBlocks"]["median"]
     bb = tm["bound eval_into LaneSparseBlocks"]["median"]
     pro, body = j.kernel.tapes if j.kernel.engine == "tape" else (None, None)
+    tb = tm["body on the tape (the route before)"]["median"]
+    rb = tm["body on the mass-action route"]["median"] if route is not None else None
     res.setdefault("P3", []).append({
         "form": form, "cells": L, "species": g.n, "slots_per_cell": P, "tile": plan.tile_width(L),
-        "engine": j.kernel.engine, "tape_instructions": None if body is None else int(len(body.code)),
+        "engine": j.kernel.engine, "mass_action_route": None if route is None else {
+            "rate_rows": route.rows, "monomials": route.body.monomials, "terms": route.body.terms,
+            "gathered_field_rows": int(route.src.size), "vs_tape_of_sum_abs_terms": err},
+        "tape_body_over_bound": tb / bound, "route_body_over_bound": None if rb is None else rb / bound, "tape_instructions": None if body is None else int(len(body.code)),
         "tape_registers": None if body is None else int(body.nreg), "build_cpu_s": g.build_cpu_s,
         **b, "store_GBps": b["store_bytes"] / st / 1e9, "read_GBps": b["read_bytes"] / rd / 1e9,
         "bound_s": bound, "times": tm, "eval_over_bound": e / bound, "bound_call_over_bound": bb / bound,
@@ -178,8 +208,33 @@ def p3_bound(mech: str, L: int, calls: int, form: str, res: dict) -> GcCells:
     print(f"P3 {form} {L} cells: eval_into {e * 1e3:.2f} ms, bound call {bb * 1e3:.2f} ms; byte bound "
           f"{bound * 1e3:.2f} ms (store {b['store_bytes'] / 1e6:.1f} MB at {b['store_bytes'] / st / 1e9:.2f} GB/s, "
           f"read {b['read_bytes'] / 1e6:.1f} MB at {b['read_bytes'] / rd / 1e9:.2f} GB/s): "
-          f"{e / bound:.2f}x / {bb / bound:.2f}x the bound; load {load0} -> {_load()}", flush=True)
+          f"{e / bound:.2f}x / {bb / bound:.2f}x the bound; bodies: tape {tb * 1e3:.2f} ms ({tb / bound:.2f}x)"
+          + ("" if rb is None else f", mass-action route {rb * 1e3:.2f} ms ({rb / bound:.2f}x; {route.rows} rate rows)")
+          + f"; load {load0} -> {_load()}", flush=True)
     return g
+
+
+def _route_scale(route, u, f, p, h, cix, L, W, P, C, zs, size):
+    """Σ|terms| per stored slot: the mass-action route's monomials with
+    |coefficients| on |inputs| and |rate rows| (the rounding scale)."""
+    from esmjac.compile.engine import NO_SLOTS
+    from esmjac.compile.massaction import PolyBody
+    from esmjac.compile.polyroute import PolyRoute
+    from esmjac.compile.tape import run_tape
+    nf, rows = route.n_forcing, route.rows
+    R = np.zeros(max(rows, 1) * L)
+    if route.rates is not None:
+        rt = route.rates
+        run_tape(rt.code, rt.consts, u, f, p, 0.0, h, cix, R, L, rt.nreg, 0, 0, L, NO_SLOTS)
+    fz = np.concatenate([f[:nf * L], R[:rows * L]])
+    b = route.body
+    a = np.abs(b.ocoef)
+    a.setflags(write=False)
+    ab = PolyRoute(None, nf + rows, 0, PolyBody(b.fptr, b.fkind, b.fidx, b.optr, b.omono, a, b.targets),
+                   route.src, route.n_states)
+    out = np.full(size, np.nan)
+    ab.run(np.abs(u), np.abs(fz), np.abs(p), 0.0, np.abs(h), cix, out, L, W, P, C, zs)
+    return out
 
 
 def p3_store_order(g: GcCells, calls: int, res: dict) -> None:
@@ -307,19 +362,76 @@ def p4_rhs(path: str, L: int, calls: int, res: dict) -> None:
         raise AssertionError(f"esmjac RHS vs hand-rolled: {err:.3e}")
     run = r.bind(L)
     o3 = np.empty_like(u)
-    tm = interleaved({"hand-rolled RHS": lambda: hr.rhs(u, hp, f, o2, L),
-                      "esmjac eval_into": lambda: r.eval_into(u, r.p0, 0.0, f, o1),
-                      "esmjac bound RHS": lambda: run(u, r.p0, 0.0, f, o3)}, calls)
+    fns = {"hand-rolled RHS": lambda: hr.rhs(u, hp, f, o2, L),
+           "esmjac eval_into": lambda: r.eval_into(u, r.p0, 0.0, f, o1),
+           "esmjac bound RHS": lambda: run(u, r.p0, 0.0, f, o3)}
+    ma = _rhs_mass_action(doc, u, r.p0, f, L)
+    route = None
+    if ma is not None:
+        call, o4, route = ma
+        call()
+        err_ma = float(np.max(np.abs(o4 - o2) / np.maximum(np.abs(o2), 1e-300 + 1e-12 * np.abs(o2).max())))
+        if not err_ma <= 1e-10:
+            raise AssertionError(f"the RHS on the mass-action kernel vs hand-rolled: {err_ma:.3e}")
+        fns["RHS on the mass-action kernel (rates tape + run_poly)"] = call
+    tm = interleaved(fns, calls)
     h = tm["hand-rolled RHS"]["median"]
     e = tm["esmjac eval_into"]["median"]
     b = tm["esmjac bound RHS"]["median"]
     res.setdefault("P4", []).append({
         "cells": L, "species": r.n_species, "engine": r.kernel.engine, "handrolled_build_s": hr_build,
         "verify_vs_handrolled": err, "handrolled_vs_earthsci": err_es, "times": tm,
-        "eval_over_hand": e / h, "bound_over_hand": b / h, "load_before": load0, "load_after": _load()})
+        "eval_over_hand": e / h, "bound_over_hand": b / h, "load_before": load0, "load_after": _load(),
+        "mass_action": None if route is None else {
+            "rate_rows": route.rows, "monomials": route.body.monomials, "terms": route.body.terms,
+            "over_hand": tm["RHS on the mass-action kernel (rates tape + run_poly)"]["median"] / h}})
     print(f"P4 SuperFast {L} cells: esmjac eval_into {e * 1e6:.1f} us, bound {b * 1e6:.1f} us, hand-rolled "
           f"{h * 1e6:.1f} us: {e / h:.2f}x / {b / h:.2f}x; verified {err:.1e} (hand vs earthsci-ast "
           f"{err_es:.1e}); load {load0} -> {_load()}", flush=True)
+    if route is not None:
+        m = tm["RHS on the mass-action kernel (rates tape + run_poly)"]["median"]
+        print(f"P4 SuperFast {L} cells on the mass-action kernel ({route.rows} rate rows, {route.body.monomials} "
+              f"monomials): {m * 1e6:.1f} us, {m / h:.2f}x the hand-rolled", flush=True)
+
+
+def _rhs_mass_action(doc, u, p, f, L):
+    """The RHS of ``doc`` as rates + monomials (its tape cut by
+    ``compile.polyroute``; a measurement, not a route of RhsProgram):
+    ``(call, out, route)`` with the rate rows computed by the rates tape into
+    rows after a copy of the forcing, then ``run_poly`` lanes-fastest over all
+    lanes, or None when the RHS is not polynomial over state-free rows."""
+    from esmjac.compile.engine import NO_SLOTS, _interpreter
+    from esmjac.compile.massaction import BLOCK, PolyBody, run_poly, scratch_size
+    from esmjac.compile.polyroute import cut
+    from esmjac.runtime.programs import RhsProgram
+    rt = RhsProgram.build(doc, options={"progress": False, "engine": "tape"})
+    pro, body = rt.kernel.tapes
+    route = cut(body)
+    if route is None:
+        return None
+    b, nf, rows = route.body, route.n_forcing, route.rows
+    isf = (b.fkind == 1) | (b.fkind == 5)
+    fidx = b.fidx.copy()
+    fidx[isf] = route.src[b.fidx[isf]]             # back to rows of [forcing; rate rows]
+    fidx.setflags(write=False)
+    pb = PolyBody(b.fptr, b.fkind, fidx, b.optr, b.omono, b.ocoef, b.targets)
+    arrs = pb.arrays()
+    run = _interpreter(True)
+    h = np.zeros(max(rt.kernel.n_hoist, 1))
+    cix = np.zeros(1, np.int64)
+    fz = np.zeros((nf + rows) * L)
+    R = fz[nf * L:]
+    sc = np.empty(scratch_size(pb, 0))
+    out = np.empty_like(u)
+    rates = route.rates
+
+    def call():
+        run(pro.code, pro.consts, u, f, p, 0.0, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+        fz[:nf * L] = f[:nf * L]
+        if rates is not None:
+            run(rates.code, rates.consts, u, f, p, 0.0, h, cix, R, L, rates.nreg, 0, 0, L, NO_SLOTS)
+        run_poly(*arrs, u, fz, h, p, out, L, 0, 0, L, NO_SLOTS, BLOCK, sc)
+    return call, out, route
 
 
 def main(argv=None) -> int:

@@ -209,16 +209,22 @@ def test_tape_engine_agrees_bitwise_with_generated_code(fx):
     # CSR; the codegen kernels of these layouts are the ones test_plans (the
     # same xdist scope, see conftest) and the reference test compile anyway
     for lay in (LaneSparseBlocks(), LaneSparseBlocks(tile=None), LaneSparseBlocks(tile=4), LaneBlocks(), Csr()):
-        outs = []
+        outs, poly = [], []
         for j in (a, b):
             for keep in (False, True):          # direct writes and the slab path
                 ws = j.new_workspace(keep_slab=keep)
                 plan = j.plan(lay, source=r)
                 o = np.full(plan.out_size(ws.lanes), np.nan)
                 j.eval_into(plan, u, r.p0, 0.0, None, o, ws)
-                outs.append(o)
+                # the tape's direct writes into tiles run on the mass-action kernel when the
+                # body is a polynomial (compile.polyroute; its own tests): the expanded sums
+                # round differently, so those are compared to rounding
+                routed = j is b and not keep and plan.tiled and j.direct_tape(plan).route() is not None
+                (poly if routed else outs).append(o)
         for o in outs[1:]:
             assert np.array_equal(outs[0], o), lay
+        for o in poly:
+            np.testing.assert_allclose(o, outs[0], rtol=1e-12, atol=1e-13 * np.abs(outs[0]).max())
     rt = RhsProgram.build(src_of(fx), options={"engine": "tape"})
     x, y = np.empty_like(u), np.empty_like(u)
     r.eval_into(u, r.p0, 0.0, None, x)

@@ -20,7 +20,8 @@ from ..model.deep import run_deep
 from ..model.expr import Node, iter_children
 from .cache import kernel_key, load_source, recover_numba_cache
 from .codegen import generate, tape_program, tile_scratch
-from .tape import OPS, retarget, run_tape
+from .polyroute import PolyRoute, cut
+from .tape import OPS, Tape, retarget, run_tape
 from .twins import parallel_copy, serial_driver, serial_twin
 
 _R = TypeVar("_R")
@@ -279,20 +280,48 @@ class Kernel:
 class FusedTape:
     """The tape engine's direct-write body for a tiled plan: slot stores
     (``prologue``, ``body``) and the slots no band reaches (``zero_slots``,
-    read-only)."""
+    read-only). :meth:`run` and :meth:`bind` evaluate a body that is a
+    polynomial in the state on the mass-action kernel instead
+    (:mod:`esmjac.compile.polyroute`: float64 tiles; the bits differ from
+    the tape's in the last places, the same for any lanes, tiles or
+    threads); :meth:`bind_lanes` (the leaf's) keeps the tape."""
 
-    prologue: object
-    body: object
+    prologue: Tape
+    body: Tape
     zero_slots: np.ndarray
 
     def run(self, u, p, t, forcing, out, h, cix, lanes: int, tile: int, slots_per_lane: int,
             capacity: int) -> int:
         """Evaluate straight into ``out``'s tile slots (arguments checked by
-        the caller); the number of non-finite values stored."""
+        the caller); non-zero when a stored value is not finite (the tape:
+        how many)."""
         return _recovering(self._run_once, out, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane,
                            capacity)
 
+    def route(self) -> PolyRoute | None:
+        """The body on the mass-action kernel (:func:`polyroute.cut`), or
+        None when it is not a polynomial in the state over state-free rows:
+        cut once per instance, on first use (a memo, not a field)."""
+        memo = self.__dict__.get("_route", False)
+        if memo is False:
+            memo = cut(self.body)
+            object.__setattr__(self, "_route", memo)
+        return memo
+
     def _run_once(self, u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity) -> int:
+        rt = self.route() if tile > 0 and out.dtype == np.float64 and u.dtype == np.float64 else None
+        if rt is not None:
+            pro = self.prologue
+            _interpreter(False)(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1,
+                                NO_SLOTS)
+            return rt.run(u, forcing, p, float(t), h, cix, out, lanes, tile, slots_per_lane, capacity,
+                          self.zero_slots)
+        return self.run_tape(u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity)
+
+    def run_tape(self, u, p, t, forcing, out, h, cix, lanes: int, tile: int, slots_per_lane: int,
+                 capacity: int) -> int:
+        """:meth:`run` on the tape interpreter whatever :meth:`route` says
+        (the route before the mass-action kernel; benchmarks compare them)."""
         return run_tapes(_interpreter(False), (self.prologue, self.body), u, forcing, p, float(t), h, cix, out, lanes,
                          tile, slots_per_lane, capacity, self.zero_slots)
 
@@ -312,17 +341,27 @@ class FusedTape:
         return call
 
     def bind(self, h: np.ndarray, cix: np.ndarray, lanes: int, tile: int, slots_per_lane: int,
-             capacity: int, *, serial: bool) -> Callable:
+             capacity: int, *, serial: bool, dtype=np.float64, route: bool = True) -> Callable:
         """``call(u, p, t, f, out) -> int``: the direct slot stores on fixed
-        lanes, tiles, hoisted values and lane map (the serial twin of the
-        interpreter when ``serial``); the number of non-finite values stored."""
+        lanes, tiles, hoisted values and lane map, non-zero when a stored
+        value is not finite: float64 tiles on the mass-action kernel when
+        :meth:`route` has one (and ``route``), its scratch allocated here;
+        else the tape (the serial twin of the interpreter when ``serial``)."""
         run = _interpreter(serial)
         tapes, zs = (self.prologue, self.body), self.zero_slots
         L, W, P, C = int(lanes), int(tile), int(slots_per_lane), int(capacity)
+        rt = self.route() if route and W > 0 and np.dtype(dtype) == np.float64 else None
+        if rt is not None:
+            pro, poly = self.prologue, rt.bind(L, W, P, C, zs)
 
-        def call(u, p, t, f, out):
+            def call(u, p, t, f, out):
+                run(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+                return poly(u, f, p, t, h, cix, out)
+            return call
+
+        def tape_call(u, p, t, f, out):
             return run_tapes(run, tapes, u, f, p, t, h, cix, out, L, W, P, C, zs)
-        return call
+        return tape_call
 
 
 def fused_tape(doc, dest_slots, zero_slots, kernel: "Kernel | None" = None) -> FusedTape:

@@ -319,7 +319,7 @@ class BoundJacobian(_Bound):
         plan, L = self.plan, self.lanes
         return self.prog.direct_tape(plan).bind(self._h, self._cix, L, plan.tile_width(L),
                                                int(plan.info["slots_per_lane"]), plan.capacity(L),
-                                               serial=self.serial)
+                                               serial=self.serial, dtype=self.dtype)
 
     def _warm(self) -> None:
         """Compile every specialization the calls use, on one-lane scratch
