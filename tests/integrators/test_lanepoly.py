@@ -252,6 +252,48 @@ def test_lanes_positions_and_tiles_give_the_same_bits(leaf13):
     assert np.array_equal(_run(rp, u, fz, hr, lf.p, L, B=3, size=u.size), r64)
 
 
+def test_the_vector_groups_give_the_loops_bits(leaf13):
+    """Whole 16-lane groups run as vector IR (_vrow, _vsum), other lanes and
+    tile widths through the loops: 40 lanes (two groups and a padded tile;
+    the RHS two groups and 8 lanes) against tile width 5 and 3-lane blocks,
+    which never form a group, and against each lane alone."""
+    lf = leaf13
+    hz = lane_hoist(lf, lf.plan)
+    u13, f13 = _state(lf, L, 3)
+    fz13, cix, _ = _hoisted_inputs(lf, hz, u13, f13, L)
+    LL = 40
+    cols = np.arange(LL) % L
+    cols[L:2 * L] = np.arange(L)[::-1]                # not a plain repeat of the lanes
+    nu, nf = u13.size // L, fz13.size // L
+    u = np.ascontiguousarray(u13.reshape(nu, L)[:, cols]).reshape(-1)
+    u[5 * LL + 17] = 0.0                               # a zero state inside a vector group
+    fz = np.ascontiguousarray(fz13.reshape(nf, L)[:, cols]).reshape(-1)
+    jac = lf.jac_program
+    hj = np.zeros(max(jac.kernel.n_hoist, 1))
+    pro = jac.direct_tape(lf.plan).prologue
+    run_tape(pro.code, pro.consts, u, fz, lf.p, 0.0, hj, cix, hj, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    P = int(lf.plan.info["slots_per_lane"])
+    zs = jac.direct_tape(lf.plan).zero_slots
+    jp, rp = hz.jac.poly, hz.rhs.poly
+
+    def dense(W, B):
+        C = -(-LL // W) * W
+        o = _run(jp, u, fz, hj, lf.p, LL, W, P, C, zs, B, size=P * C)
+        return o.reshape(C // W, P, W).transpose(1, 0, 2).reshape(P, C)[:, :LL]
+
+    vec = dense(16, 16)
+    assert np.array_equal(dense(5, 15), vec) and np.array_equal(dense(16, 64), vec)
+    hr = np.zeros(max(lf.rhs_program.kernel.n_hoist, 1))
+    r = _run(rp, u, fz, hr, lf.p, LL, B=64, size=u.size).reshape(nu, LL)
+    assert np.array_equal(_run(rp, u, fz, hr, lf.p, LL, B=3, size=u.size).reshape(nu, LL), r, equal_nan=True)
+    for k in (0, 17, 31, 39):                         # each lane alone: one lane, the loops
+        uk = np.ascontiguousarray(u.reshape(nu, LL)[:, k])
+        fk = np.ascontiguousarray(fz.reshape(nf, LL)[:, k])
+        assert np.array_equal(_run(rp, uk, fk, hr, lf.p, 1, size=nu), r[:, k], equal_nan=True)
+        one = _run(jp, uk, fk, hj, lf.p, 1, 16, P, 16, zs, 16, size=P * 16).reshape(P, 16)[:, 0]
+        assert np.array_equal(one, vec[:, k], equal_nan=True)
+
+
 def test_the_leaf_on_the_kernel_is_bitwise_the_same_for_any_thread_count():
     # 40 lanes: two threads split them into blocks of 32 and 8 (a partial tile)
     Lt = 40
