@@ -81,10 +81,9 @@ def _tape_out(tape, u, f, p, h, L, t=5.0):
     return out
 
 
-def _route_out(rt, u, f, p, h, L, t=5.0, chunk=256, parts=1):
+def _route_out(rt, u, f, p, h, L, t=5.0, chunk=256):
     out = np.full(P * _cap(L), np.nan)
-    bad = rt.run(u, f, p, t, h, np.zeros(1, np.int64), out, L, W, P, _cap(L), ZS, lanes_per_chunk=chunk,
-                 parts=parts)
+    bad = rt.run(u, f, p, t, h, np.zeros(1, np.int64), out, L, W, P, _cap(L), ZS, lanes_per_chunk=chunk)
     return out, bad
 
 
@@ -150,23 +149,6 @@ def test_the_bits_do_not_depend_on_chunks_lanes_or_order():
         one = untile(_route_out(rt, u.reshape(NS, L)[:, lane].copy(), f.reshape(NF, L)[:, lane].copy(), p, h, 1)[0],
                      P, W, W)
         assert np.array_equal(one[:, 0], V[:, lane])
-
-
-def test_parallel_runs_of_chunks_give_the_same_bits_and_count():
-    """Chunks split into parallel runs (one, three, more runs than chunks),
-    on one and two threads: the tiles and the non-finite count of one run."""
-    from esmjac.runtime.threads import numba_threads
-    rt = cut(_tape())
-    L = 29
-    u, f, h, p = _point(L, 5)
-    u[11] = 0.0                         # A = 0 in lane 11 (a middle chunk): NaN there
-    ref, bad = _route_out(rt, u, f, p, h, L, chunk=4)
-    assert bad > 0
-    for threads in (1, 2):
-        with numba_threads(threads):
-            for parts in (2, 3, 8, 50):
-                got, b2 = _route_out(rt, u, f, p, h, L, chunk=4, parts=parts)
-                assert np.array_equal(got, ref, equal_nan=True) and b2 == bad
 
 
 def test_non_finite_values_are_reported_and_match_the_tape():

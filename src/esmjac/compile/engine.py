@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-import numba
 import numpy as np
 
 from ..errors import JacError
@@ -315,10 +314,8 @@ class FusedTape:
             pro = self.prologue
             _interpreter(False)(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1,
                                 NO_SLOTS)
-            # the chunks in as many parallel runs as threads are set (the
-            # tape's interpreter here is the parallel one too): same bits
             return rt.run(u, forcing, p, float(t), h, cix, out, lanes, tile, slots_per_lane, capacity,
-                          self.zero_slots, parts=numba.get_num_threads())
+                          self.zero_slots)
         return self.run_tape(u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity)
 
     def run_tape(self, u, p, t, forcing, out, h, cix, lanes: int, tile: int, slots_per_lane: int,
@@ -355,9 +352,7 @@ class FusedTape:
         L, W, P, C = int(lanes), int(tile), int(slots_per_lane), int(capacity)
         rt = self.route() if route and W > 0 and np.dtype(dtype) == np.float64 else None
         if rt is not None:
-            # not serial: one run of chunks per thread Numba may use (scratch each)
-            parts = 1 if serial else int(numba.config.NUMBA_NUM_THREADS)
-            pro, poly = self.prologue, rt.bind(L, W, P, C, zs, parts=parts)
+            pro, poly = self.prologue, rt.bind(L, W, P, C, zs)
 
             def call(u, p, t, f, out):
                 run(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)

@@ -24,8 +24,7 @@ and field rows are copied into chunk buffers (stride = the chunk's lanes),
 the rates tape fills the chunk's rate rows, :func:`run_poly` stores the
 chunk's tiles, and the non-finite values among them are counted while
 they are still in cache (the tape counts while storing; a separate pass
-over a 10⁴-cell GEOS-Chem Jacobian would re-read 308 MB); with several
-threads, runs of consecutive chunks in parallel. Every lane sees
+over a 10⁴-cell GEOS-Chem Jacobian would re-read 308 MB). Every lane sees
 the same operations whatever its chunk, position, the lane count or the
 tile width, so the bits do not depend on them; they differ from the
 tape's in the last places (the expanded sum, see ``massaction``).
@@ -103,48 +102,40 @@ class PolyRoute:
     src: np.ndarray
     n_states: int
 
-    def bind(self, L: int, W: int, P: int, C: int, zslots, lanes_per_chunk: int = LANES_PER_CHUNK,
-             parts: int = 1):
+    def bind(self, L: int, W: int, P: int, C: int, zslots, lanes_per_chunk: int = LANES_PER_CHUNK):
         """``call(u, f, p, t, h, cix, out) -> int``: :meth:`run` on fixed
-        lanes and tiles with its scratch allocated here, not per call.
-        ``parts`` > 1: the chunks split into that many runs of consecutive
-        chunks, run in parallel (each its own scratch; the rates tape on the
-        parallel interpreter). A chunk's values do not depend on which run
-        or thread computes it, so the bits are those of one part."""
+        lanes and tiles with its scratch allocated here, not per call."""
         if W <= 0:
             raise ValueError("PolyRoute stores into a tiled plan's slots (W > 0)")
         L, W, P, C = int(L), int(W), int(P), int(C)
         B = max(W, (int(lanes_per_chunk) // W) * W)
         B = min(B, -(-max(L, 1) // W) * W)
-        T = max(1, min(int(parts), -(-max(L, 1) // B)))
         arrs, src, nf, rt = self.body.arrays(), self.src, self.n_forcing, self.rates
         R = np.empty(self.rows * L) if rt is not None else _NO_ROWS
-        uc, fc = np.empty((T, self.n_states * B)), np.empty((T, src.shape[0] * B))
-        sc = np.empty((T, scratch_size(self.body, W)))
-        ob = np.empty((T, P * B))
-        drive = _drive if T == 1 else _drive_parts
+        uc, fc = np.empty(self.n_states * B), np.empty(src.shape[0] * B)
+        sc = np.empty(scratch_size(self.body, W))
+        ob = np.empty(P * B)
 
         def call(u, f, p, t, h, cix, out):
-            return drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, uc, fc, sc, ob)
+            return _drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, uc, fc, sc, ob)
         if rt is None:
             return call
-        run = _serial_run() if T == 1 else run_tape
+        run = _serial_run()
 
         def rated(u, f, p, t, h, cix, out):
             run(rt.code, rt.consts, u, f, p, t, h, cix, R, L, rt.nreg, 0, 0, L, _NO_SLOTS)
-            return drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, uc, fc, sc, ob)
+            return _drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, uc, fc, sc, ob)
         return rated
 
     def run(self, u, f, p, t: float, h, cix, out, L: int, W: int, P: int, C: int, zslots,
-            lanes_per_chunk: int = LANES_PER_CHUNK, parts: int = 1) -> int:
+            lanes_per_chunk: int = LANES_PER_CHUNK) -> int:
         """Evaluate into a tiled plan's slots (``W`` > 0: slot ``a`` of
         lane ``l`` at ``((l // W)*P + a)*W + l % W``, ``C`` stored lanes,
         padding lanes a copy of lane ``L-1``, slots ``zslots`` zeroed) for
         lanes ``0..L-1`` (``u``, ``f`` float64, lanes-fastest; ``u`` holds
         :attr:`n_states` rows); ``h`` holds the prologue's values. Returns a
-        non-zero number when a stored value is not finite. ``parts``: as
-        :meth:`bind` (the bits do not depend on it)."""
-        return self.bind(L, W, P, C, zslots, lanes_per_chunk, parts)(u, f, p, float(t), h, cix, out)
+        non-zero number when a stored value is not finite. One thread."""
+        return self.bind(L, W, P, C, zslots, lanes_per_chunk)(u, f, p, float(t), h, cix, out)
 
 
 _NO_SLOTS = np.zeros(0, np.int64)
@@ -171,18 +162,18 @@ def _nonfinite(x):
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
-def _chunks(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B,
-            uc, fc, sc, ob, c0, c1):
-    """Chunks ``c0..c1-1`` of ``B`` lanes: gather the chunk's state rows and
-    field rows (stride = the chunk's lanes), run the kernel into a chunk
-    buffer ``ob`` (``P*B`` values: the kernel's scattered tile stores stay
-    in cache), check it, copy it into the chunk's tiles (one contiguous run
-    of ``out``). Measured on GEOS-Chem kinetics, 10⁴ cells: 96 ms this way
-    against 147 with the kernel storing into ``out`` itself."""
+def _drive(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B,
+           uc, fc, sc, ob):
+    """Chunks of ``B`` lanes: gather the chunk's state rows and field rows
+    (stride = the chunk's lanes), run the kernel into a chunk buffer ``ob``
+    (``P*B`` values: the kernel's scattered tile stores stay in cache),
+    check it, copy it into the chunk's tiles (one contiguous run of ``out``).
+    Measured on GEOS-Chem kinetics, 10⁴ cells: 96 ms this way against 147
+    with the kernel storing into ``out`` itself."""
     n_u = uc.shape[0] // B
     nr = src.shape[0]
     bad = 0
-    for l0 in range(c0 * B, min(c1 * B, L), B):
+    for l0 in range(0, L, B):
         m = min(B, L - l0)
         cm = min(B, C - l0)
         ucm = uc[:n_u * m]
@@ -202,29 +193,6 @@ def _chunks(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h,
         bad += _nonfinite(o)
         out[(l0 // W) * P * W:(l0 // W) * P * W + n] = o
     return bad
-
-
-@nb.njit(cache=True, nogil=True, error_model="numpy")
-def _drive(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B,
-           uc, fc, sc, ob):
-    """Every chunk on this thread with scratch row 0 (:func:`_chunks`)."""
-    return _chunks(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, p, out, L, W, P, C,
-                   zslots, B, uc[0], fc[0], sc[0], ob[0], 0, (L + B - 1) // B)
-
-
-@nb.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def _drive_parts(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, p, out, L, W, P, C, zslots,
-                 B, uc, fc, sc, ob):
-    """The chunks in ``uc.shape[0]`` runs of consecutive chunks, in
-    parallel, run ``k`` with scratch row ``k``: each chunk writes only its
-    own tiles, so the values are those of :func:`_drive`."""
-    T = uc.shape[0]
-    nc = (L + B - 1) // B
-    bads = np.zeros(T, np.int64)
-    for k in nb.prange(T):
-        bads[k] = _chunks(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, p, out, L, W, P,
-                          C, zslots, B, uc[k], fc[k], sc[k], ob[k], k * nc // T, (k + 1) * nc // T)
-    return bads.sum()
 
 
 def _compact(pb: PolyBody) -> tuple[PolyBody, np.ndarray]:
