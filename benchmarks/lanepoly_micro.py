@@ -41,7 +41,7 @@ def main(argv=None):
     from esmjac.compile.tape import run_tape
     from esmjac.compile.twins import serial_twin
     from esmjac.integrators.bound import lane_hoist
-    from esmjac.integrators.lanehoist import _ssa
+    from esmjac.compile.polyroute import tape_ssa as _ssa
     from esmjac.compile.massaction import BLOCK, UNTILED_BLOCK, PolyBody, expand, run_poly, scratch_size
     from esmjac.integrators.lanetape import run_fused
 

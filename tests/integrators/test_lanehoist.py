@@ -24,7 +24,7 @@ from esmjac.compile.engine import run_tapes
 from esmjac.integrators.lanehoist import split
 from esmjac.compile.engine import NO_SLOTS
 from esmjac.compile.ssa import Block
-from esmjac.integrators.lanehoist import _ssa
+from esmjac.compile.polyroute import tape_ssa as _ssa
 from esmjac.integrators.lanetape import FUSED_BASE, encode_fused, run_fused
 from esmjac.compile.tape import OPS, run_tape
 from esmjac.errors import JacError

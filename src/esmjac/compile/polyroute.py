@@ -37,7 +37,7 @@ import numba as nb
 import numpy as np
 
 from .massaction import BLOCK, PolyBody, expand, run_poly, scratch_size
-from .ssa import Block
+from .ssa import UNARY, Block
 from .tape import OPS, Tape, encode, run_tape
 from .twins import serial_twin
 
@@ -47,8 +47,6 @@ __all__ = ["PolyRoute", "cut", "tape_ssa", "LANES_PER_CHUNK"]
 #: output tiles stay in cache between the kernel and the non-finite count.
 LANES_PER_CHUNK = 64
 
-_UNARY = {"neg", "not", "exp", "log", "log10", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
-          "cosh", "tanh", "abs", "sign", "floor", "ceil", "asinh", "acosh", "atanh"}
 _LEAVES = ("const", "hoist", "param", "time", "idx", "lane")
 
 
@@ -76,7 +74,7 @@ def tape_ssa(tape: Tape) -> tuple:
             ins.append(("lane", (name[-1], a)))
         elif name == "select":
             ins.append(("select", (cur[a], cur[b], cur[c])))
-        elif name in _UNARY:
+        elif name in UNARY:
             ins.append((name, (cur[a],)))
         else:
             ins.append((name, (cur[a], cur[b])))

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compile.cache import content_hash, discard_product, load_product, module_hash, store_product
-from ..compile.ssa import LEAVES, UNARY, Block, operands
+from ..compile.polyroute import tape_ssa
+from ..compile.ssa import LEAVES, Block, operands
 from ..compile.massaction import PolyBody, expand
 from ..compile.tape import OPS, Tape, TapeBounds, check_tape, encode
 from ..errors import JacError
@@ -67,38 +68,6 @@ class LaneSplit:
     rows: int
     scheduled: Tape | None = None   # ``body`` re-scheduled for few registers (integrators.lanetape)
     poly: PolyBody | None = None    # ``body`` as a sum of monomials, when it is one (compile.massaction)
-
-
-def _ssa(tape: Tape) -> tuple:
-    """(instructions, stores) of ``tape`` in :class:`Block` form: one value
-    per defining row (registers resolved), stores as (value, target)."""
-    ins: list = []
-    stores: list = []
-    cur: dict = {}                      # register -> value id
-    consts = tape.consts
-    for o, d, a, b, c in tape.code.tolist():
-        name = OPS[o]
-        if name == "store":
-            stores.append((cur[d], a))
-            continue
-        if name == "storeh":
-            raise ValueError("a prologue tape is not a lane body")
-        if name == "const":
-            ins.append(("const", (float(consts[a]),)))
-        elif name in ("hoist", "param", "idx"):
-            ins.append((name, (a,)))
-        elif name == "time":
-            ins.append(("time", ()))
-        elif name in ("lane_u", "lane_f"):
-            ins.append(("lane", (name[-1], a)))
-        elif name == "select":
-            ins.append(("select", (cur[a], cur[b], cur[c])))
-        elif name in UNARY:
-            ins.append((name, (cur[a],)))
-        else:
-            ins.append((name, (cur[a], cur[b])))
-        cur[d] = len(ins) - 1
-    return ins, stores
 
 
 def split(tape: Tape, row0: int, cache: bool = True) -> LaneSplit:
@@ -230,7 +199,7 @@ def _check_poly(fields, sizes: tuple, n_out: int) -> PolyBody:
 
 def _split(tape: Tape, row0: int) -> LaneSplit:
     """:func:`split`, computed."""
-    ins, stores = _ssa(tape)
+    ins, stores = tape_ssa(tape)
     var = [False] * len(ins)
     for v, (op, args) in enumerate(ins):
         if op == "time" or (op == "lane" and args[0] == "u"):
