@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
+from .jitkeys import key_by_callees
 from .massaction import BLOCK, PolyBody, expand, run_poly, scratch_size
 from .ssa import UNARY, Block
 from .tape import OPS, Tape, encode, run_tape
@@ -269,3 +270,8 @@ def cut(body: Tape) -> PolyRoute | None:
     pro.ins.extend(ins)
     rates = encode(pro, [(v, k) for v, k in frontier.items()])
     return PolyRoute(rates, n_forcing, len(frontier), *_compact(pb), n_states=n_states)
+
+
+# Numba keys a cached function by its own file: key these by what they link in from other
+# modules too (compile/jitkeys.py), so an edit there is not served stale from a warm cache.
+key_by_callees(globals())

@@ -55,6 +55,7 @@ import math
 import numba
 import numpy as np
 
+from ..compile.jitkeys import key_by_callees
 from ..errors import JacError
 from ..linalg.sparse_lu import CHUNK, VEC, SparseLaneLU, factor_shifted_rows, rowdot, tiled_size, vaxpy, vset
 
@@ -1049,3 +1050,8 @@ class LaneStepper:
             _squeeze_lane(idx, m, done)
             done[:mn] = 0
             m = mn
+
+
+# Numba keys a cached function by its own file: key these by what they link in from other
+# modules too (compile/jitkeys.py), so an edit there is not served stale from a warm cache.
+key_by_callees(globals())

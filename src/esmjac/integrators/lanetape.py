@@ -35,6 +35,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..compile.jitkeys import key_by_callees
 from ..compile.ssa import Block, operands
 from ..compile.tape import CHUNK, OPS, Tape, live, rare_op, zero_slots
 
@@ -518,3 +519,8 @@ def run_fused(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
             else:                              # pow, select, comparisons, functions: as run_tape
                 rare_op(o, R, d, a, b, c, m)
     return nbad
+
+
+# Numba keys a cached function by its own file: key these by what they link in from other
+# modules too (compile/jitkeys.py), so an edit there is not served stale from a warm cache.
+key_by_callees(globals())

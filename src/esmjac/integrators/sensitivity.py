@@ -53,6 +53,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ..compile.jitkeys import key_by_callees
 from ..errors import JacError
 from . import lanestep as LS
 from ..layouts.types import LaneBlocks
@@ -700,3 +701,8 @@ class Sensitivities:
                     dkn.reshape(n, m)[perm] = rp.reshape(n, m)
                     d_new += tab.m[i] * dkn
             dy.reshape(n, L)[:, lanes] = d_new.reshape(n, m)[:, :k]
+
+
+# Numba keys a cached function by its own file: key these by what they link in from other
+# modules too (compile/jitkeys.py), so an edit there is not served stale from a warm cache.
+key_by_callees(globals())
