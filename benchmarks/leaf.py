@@ -383,11 +383,12 @@ class _Trace:
         inner = self.saved
 
         def pf(t, h, tend, done, m, hs, *rest):
-            inner(t, h, tend, done, m, hs, *rest)
+            nbad = inner(t, h, tend, done, m, hs, *rest)
             b, st = byid[id(hs)]
             n, nf, ncd = st.n, st.nf, st.ncd
             self.calls.append((b, m, st.Y[:n * m].copy(), st.FZ[:max(nf * m, 1)].copy(),
                                st.cix[:max(ncd * m, 1)].copy(), hs[:m].copy()))
+            return nbad
         lanestep._prep_and_factor = pf
 
     def restore(self):

@@ -518,6 +518,65 @@ def test_non_finite_jacobian_lane_is_contained():
             assert np.all(st.status[others] != 0) and np.all(st.naccept == 0)
 
 
+@pytest.mark.parametrize("L", [40, 5])
+def test_iteration_matrix_formed_in_place_keeps_the_bits_and_the_singular_statuses(L):
+    # With 16-lane tiles and float64 factors the stepper has the Jacobian
+    # written straight into the iteration matrix's buffer and factored there
+    # (LaneStepper.inplace); the oracle is the same stepper with the copy
+    # route (J kept, the matrix formed from it): the same bits and per-lane
+    # statistics, 40 lanes (two vector tiles and a partial one) and 5 (one
+    # partial tile). Two lanes never get a usable matrix: lane 3's J has a
+    # NaN (status 4), lane 6's a finite J whose iteration matrix is exactly
+    # singular at every attempted step (J_00 = 1/(h gamma) of that attempt:
+    # a zero pivot, status 5). _control tells them apart by reading J, which
+    # the in-place factorisation overwrote: a singular attempt evaluates J
+    # again (without that, lane 3 would read as status 5).
+    from esmjac.layouts.types import tile_index
+    f, jac, pattern = _robertson((0, 1, 2))
+    lu = SparseLaneLU(3, pattern)
+    nnz, tab, W, tend = lu.nnz, METHODS["rodas3"], 16, 1.0
+    fields = np.concatenate([np.resize(k, L) for k in (ROB_K1, ROB_K2, ROB_K3)] + [np.arange(L, dtype=np.float64)])
+    cell = []
+
+    def tiled_jac(u, fz, cix, m, out):
+        Ju = np.zeros(nnz * m)
+        jac(u, fz, m, Ju)
+        ids = fz[3 * m:4 * m]
+        Ju[np.flatnonzero(ids == 3.0)] = np.nan                 # slot 0 of lane 3
+        st = cell[0]
+        for j in np.flatnonzero(ids == 6.0):                   # lane 6: a zero pivot at its step
+            hl = st.h[j] if st.h[j] < tend - st.t[j] else tend - st.t[j]
+            Ju[j] = 1.0 / (hl * tab.gamma)
+        C = -(-m // W) * W
+        ln = np.arange(C)
+        src = np.minimum(ln, m - 1)                             # padding lanes: the last lane's
+        out[tile_index(np.arange(nnz)[:, None], ln[None, :], nnz, W)] = Ju.reshape(nnz, m)[:, src]
+
+    p, ip = perm_arrays(None, 3)
+    u0 = np.r_[np.ones(L), np.zeros(2 * L)]
+    at = np.array([1e-3, 1e-7, 1e-3]) * 1e-4
+    res = []
+    for inplace in (True, False):
+        st = LeafStats(np.full(L, RUNNING, np.int8), *(np.zeros(L, np.int64) for _ in range(6)),
+                       np.zeros(L), np.zeros(L))
+        stepper = LaneStepper(tab, lu, p, ip, 4, 0, L, W, lambda u, fz, cix, m, out: f(u, fz, m, out), tiled_jac,
+                              False, True)
+        assert stepper.inplace
+        stepper.inplace = inplace
+        cell[:] = [stepper]
+        y = u0.copy()
+        stepper.run(y, y, L, 0, L, 0.0, tend, None, fields, None, np.zeros(1, np.int64), at, 1e-4, 100000,
+                    1000, False, st)
+        res.append((y, st))
+    (ya, sa), (yb, sb) = res
+    assert sa.status[3] == 4 and (L <= 6 or sa.status[6] == 5)
+    ok = np.setdiff1d(np.arange(L), [3, 6])
+    assert np.all(sa.status[ok] == 0) and np.all(sa.t[ok] == tend)
+    assert np.array_equal(ya.view(np.int64), yb.view(np.int64))
+    for k in ("status", "nsteps", "naccept", "nreject", "njev", "h", "t"):
+        assert np.array_equal(getattr(sa, k), getattr(sb, k)), k
+
+
 @pytest.mark.parametrize("m, dtype, gdt", [(37, np.float64, 0.0), (300, np.float64, 0.25), (64, np.float32, 0.0),
                                            (10, np.float64, 0.0)])
 def test_stage_solve_in_one_pass_per_direction_gives_the_separate_passes_bits(m, dtype, gdt):

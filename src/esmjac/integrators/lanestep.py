@@ -47,6 +47,11 @@ and writes the iteration matrix in the factorization's own lane tiles
 (:func:`lu_tile`: :data:`~esmjac.linalg.sparse_lu.VEC` lanes, so each
 elimination and solve op of a whole tile is one vector op, the same tile as
 the Jacobian's default, whose rows are then copied as contiguous runs).
+With that default tile and float64 factors (``LaneStepper.inplace``) there
+is no copy: ``jac`` writes straight into the iteration matrix's buffer,
+and each row is negated, shifted and eliminated where it lies. ``jac``
+therefore writes every slot of its lanes' tiles on every call (the
+fill-in slots zero), as the bound programs do.
 """
 from __future__ import annotations
 
@@ -625,10 +630,17 @@ def _squeeze_tiled(A, nnz, m, W, mn, Wn, done, tmp):
 @numba.njit(**_JIT)
 def _prep_and_factor(t, h, tend, done, m, hs, last, J, WJ, Wm, WA, gamma, nnz, chunk,
                      piv, mul_piv, mul_slot, upd_ptr, upd_tgt, upd_src, bad, row_ptr, mrow_ptr):
-    """The step sizes to attempt (:func:`_prep_h`), then ``Wm = LU(I/(h_l γ) − J)``."""
+    """The step sizes to attempt (:func:`_prep_h`), then ``Wm = LU(I/(h_l γ) − J)``
+    (``J`` may be ``Wm`` itself, in the same tiles: formed in place); returns
+    how many lanes have a zero/NaN pivot."""
     _prep_h(t, h, tend, done, m, hs, last)
     factor_shifted_rows(J, WJ, Wm, WA, hs, gamma, nnz, m, chunk, piv, mul_piv, mul_slot,
                         upd_ptr, upd_tgt, upd_src, bad, row_ptr, mrow_ptr)
+    nbad = 0
+    for l in range(m):
+        if bad[l] >= 0:
+            nbad += 1
+    return nbad
 
 
 @numba.njit(**_JIT)
@@ -799,9 +811,15 @@ class LaneStepper:
         self.K = _buf(S * n * C, fill=0).reshape(S, n * C)
         W = C if tile is None else tile
         self.J = _buf(tiled_size(lu.nnz, C, W), fill=0)
+        #: Whether the iteration matrix is formed in place (:meth:`run`): ``jac``
+        #: writes J straight into ``Wm`` (the factorisation's own 16-lane
+        #: tiles), which is negated, shifted and eliminated where it lies.
+        #: Not for float32 factors (a conversion is a copy anyway), nor a
+        #: W-method (it keeps J across steps), nor other tile widths.
+        self.inplace = reuse is None and np.dtype(lu_dtype) == np.float64 and tile == VEC
         # the iteration matrix (float32 for precision="mixed": factored in
         # float32, solved with float64 accumulation into float64 stages)
-        self.Wm = _buf(tiled_size(lu.nnz, C, lu_tile(C)), lu_dtype, fill=0)
+        self.Wm = _buf(tiled_size(lu.nnz, C, W if self.inplace else lu_tile(C)), lu_dtype, fill=0)
         self.FZ = _buf(max(self.nf * C, 1), fill=0)
         # what ``rhs`` reads the fields through: with ``readonly_fields`` a
         # read-only view, the signature the program's build compiled (a
@@ -958,9 +976,12 @@ class LaneStepper:
         gamma = tab.gamma
         K, Y, Ynew, Yst, F0, Fs = self.K, self.Y, self.Ynew, self.Yst, self.F0, self.Fs
         nfev_step = self.nf_stage + (1 if nonauto else 0)
+        inplace = self.inplace
+        # in place, the Jacobian's buffer is the iteration matrix's (its tiles)
+        Jd = self.Wm if inplace else self.J
         while m > 0:
             W = m if self.tile is None else self.tile
-            WA = lu_tile(m)
+            WA = W if inplace else lu_tile(m)
             if reuse is not None:
                 self._w_matrices(t, h, tend, m, W, WA, nonauto, fcall)
             elif nonauto:
@@ -972,14 +993,21 @@ class LaneStepper:
                 self._forcing_at(fcall, t, m)
                 self.rhs(Y, self.FZr, self.cix, m, F0)
                 _fd_time(Fs, F0, t, m, n, self.dfdt)
-                self.jac(Y, self.FZ, self.cix, m, self.J)
-                factor_shifted_rows(self.J, W, self.Wm, WA, hs, gamma, lu.nnz, m, CHUNK, *self.fops,
+                self.jac(Y, self.FZ, self.cix, m, Jd)
+                factor_shifted_rows(Jd, W, self.Wm, WA, hs, gamma, lu.nnz, m, CHUNK, *self.fops,
                                     self.bad, *self.rops)
+                if inplace and (self.bad[:m] >= 0).any():
+                    self.jac(Y, self.FZ, self.cix, m, self.J)       # for _control (see below)
             else:
                 self.rhs(Y, self.FZr, self.cix, m, F0)
-                self.jac(Y, self.FZ, self.cix, m, self.J)
-                _prep_and_factor(t, h, tend, self.done, m, hs, self.last, self.J, W, self.Wm, WA, gamma,
-                                 lu.nnz, CHUNK, *self.fops, self.bad, *self.rops)
+                self.jac(Y, self.FZ, self.cix, m, Jd)
+                if _prep_and_factor(t, h, tend, self.done, m, hs, self.last, Jd, W, self.Wm, WA, gamma,
+                                    lu.nnz, CHUNK, *self.fops, self.bad, *self.rops) and inplace:
+                    # a lane with a zero/NaN pivot: _control reads its J (a
+                    # non-finite entry is status 4, else 5), which the
+                    # factorisation overwrote; the same call at the same
+                    # state gives the same J (rare: a singular attempt)
+                    self.jac(Y, self.FZ, self.cix, m, self.J)
             if self.shared:
                 _shared_bad(self.bad, m)
             Fi = F0

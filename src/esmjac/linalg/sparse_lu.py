@@ -665,7 +665,9 @@ def factor_shifted_rows(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_pi
                         upd_ptr, upd_tgt, upd_src, bad, row_ptr, mrow_ptr):
     """:func:`factor_shifted_lanes` with the iteration matrix formed row by row
     inside the elimination (:func:`_factor_shifted_block`; ``row_ptr``,
-    ``mrow_ptr``: :meth:`SparseLaneLU.row_ops`). The same bits."""
+    ``mrow_ptr``: :meth:`SparseLaneLU.row_ops`). The same bits. ``J`` may
+    be ``A`` itself with ``WJ == WA``: the matrix is then formed in place
+    (each row's slots negated where they lie, J overwritten)."""
     for c in range(_n_items(L, WA, chunk)):
         l0, m = _block_of(c, L, WA, chunk)
         if m > 0:
