@@ -162,6 +162,80 @@ def test_non_finite_values_are_reported_and_match_the_tape():
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
 
 
+def test_the_bits_do_not_depend_on_threads(monkeypatch):
+    """Runs of chunks on Python threads (PolyRoute.bind's parts): the same
+    bits and the same non-finite count as one run, for any split and
+    thread count; every chunk run exactly once."""
+    import numba
+
+    from esmjac.compile import polyroute
+    rt = cut(_tape())
+    L = 61
+    u, f, h, p = _point(L, 5)
+    u[30] = 0.0                         # A = 0 in lane 30 (a middle chunk): NaN there
+    ref, bad1 = _route_out(rt, u, f, p, h, L, chunk=8)
+    assert bad1 == 1
+    monkeypatch.setattr(polyroute, "LANES_PER_PART", 1)
+    drive, runs = polyroute._drive, []
+
+    def spy(*a):
+        runs.append(a[-2:])
+        return drive(*a)
+    monkeypatch.setattr(polyroute, "_drive", spy)
+    nc = -(-L // 8)
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS), numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(threads)
+            for parts in (2, 3, 8, 50, None):
+                runs.clear()
+                out = np.full(P * _cap(L), np.nan)
+                bad = rt.run(u, f, p, 5.0, h, np.zeros(1, np.int64), out, L, W, P, _cap(L), ZS, lanes_per_chunk=8,
+                             parts=parts)
+                assert np.array_equal(out.view(np.uint64), ref.view(np.uint64)) and bad == bad1
+                want = min(threads, nc, numba.config.NUMBA_NUM_THREADS if parts is None else parts)
+                assert len(runs) == want
+                assert sorted(c for r in runs for c in range(*r)) == list(range(nc))
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_the_copy_stores_the_bits_and_finds_non_finite_values():
+    """polyroute._copy_check (non-temporal stores on whole 64-byte lines,
+    ordinary ones at either end): the destination holds the source's bits
+    (signed zeros, subnormals, NaN payloads) for every alignment and length,
+    nothing outside it is written, and an inf or NaN anywhere is reported."""
+    import numba
+
+    from esmjac.compile.polyroute import _copy_check
+
+    @numba.njit
+    def copy(dst, d0, src, n):
+        return _copy_check(dst, d0, src, n)
+
+    rng = np.random.default_rng(7)
+    src = rng.standard_normal(200) * 10.0 ** rng.integers(-300, 300, 200)
+    src[[3, 50, 77]] = [-0.0, 5e-324, -2.2e-310]
+    for d0 in range(9):
+        for n in (0, 1, 5, 8, 9, 16, 23, 64, 131):
+            dst = np.full(160, 7.0)
+            assert copy(dst, d0, src, n) == 0
+            assert np.array_equal(dst[d0:d0 + n].view(np.uint64), src[:n].view(np.uint64))
+            assert np.all(dst[:d0] == 7.0) and np.all(dst[d0 + n:] == 7.0)
+    nan = np.array([0x7FF8_0000_0000_0123], np.uint64).view(np.float64)[0]     # a NaN with a payload
+    for bad in (np.inf, -np.inf, nan):
+        for at in (0, 6, 7, 8, 40, 129, 130):
+            s = src.copy()
+            s[at] = bad
+            for d0 in (0, 3):
+                dst = np.zeros(160)
+                assert copy(dst, d0, s, 131) == 1
+                assert np.array_equal(dst[d0:d0 + 131].view(np.uint64), s[:131].view(np.uint64))
+        s = src.copy()
+        s[129] = bad                    # past the copied values: not reported
+        assert copy(np.zeros(160), 0, s, 129) == 0
+
+
 # -- through eval_into on a tape-engine program -----------------------------------
 
 @pytest.fixture(scope="module")

@@ -314,8 +314,9 @@ class FusedTape:
             pro = self.prologue
             _interpreter(False)(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1,
                                 NO_SLOTS)
+            # in as many runs of chunks as Numba's threads are set to (same bits)
             return rt.run(u, forcing, p, float(t), h, cix, out, lanes, tile, slots_per_lane, capacity,
-                          self.zero_slots)
+                          self.zero_slots, parts=None)
         return self.run_tape(u, p, t, forcing, out, h, cix, lanes, tile, slots_per_lane, capacity)
 
     def run_tape(self, u, p, t, forcing, out, h, cix, lanes: int, tile: int, slots_per_lane: int,
@@ -352,7 +353,8 @@ class FusedTape:
         L, W, P, C = int(lanes), int(tile), int(slots_per_lane), int(capacity)
         rt = self.route() if route and W > 0 and np.dtype(dtype) == np.float64 else None
         if rt is not None:
-            pro, poly = self.prologue, rt.bind(L, W, P, C, zs)
+            # not serial: a run of chunks per thread Numba uses at the call
+            pro, poly = self.prologue, rt.bind(L, W, P, C, zs, parts=1 if serial else None)
 
             def call(u, p, t, f, out):
                 run(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)

@@ -31,16 +31,22 @@ tape's in the last places (the expanded sum, see ``massaction``).
 """
 from __future__ import annotations
 
+import platform
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .jitkeys import key_by_callees
 from .massaction import BLOCK, PolyBody, expand, run_poly, scratch_size
 from .ssa import UNARY, Block
 from .tape import OPS, Tape, encode, run_tape
-from .twins import serial_twin
+from .twins import parallel_copy, serial_twin
 
 __all__ = ["PolyRoute", "cut", "tape_ssa", "LANES_PER_CHUNK"]
 
@@ -101,96 +107,218 @@ class PolyRoute:
     src: np.ndarray
     n_states: int
 
-    def bind(self, L: int, W: int, P: int, C: int, zslots, lanes_per_chunk: int = LANES_PER_CHUNK):
+    def bind(self, L: int, W: int, P: int, C: int, zslots, lanes_per_chunk: int = LANES_PER_CHUNK,
+             parts: int | None = 1):
         """``call(u, f, p, t, h, cix, out) -> int``: :meth:`run` on fixed
-        lanes and tiles with its scratch allocated here, not per call."""
+        lanes and tiles with its scratch allocated here, not per call.
+
+        ``parts``: the most runs of consecutive chunks a call splits into,
+        one per thread (``None``: as many as Numba may use); each call uses
+        ``min(parts, numba.get_num_threads())`` (the caller's thread
+        policy), fewer when there are fewer chunks than
+        :data:`LANES_PER_PART` lanes per part. The runs are calls of the one
+        compiled :func:`_drive` on Python threads (it releases the GIL), not
+        a second jitted function (each jitted caller of ``run_poly``
+        compiles its optimisation again); the rates tape runs on the
+        interpreter's parallel copy then. A chunk's values do not depend on
+        the run or thread that computes it, so the bits are those of one
+        part."""
         if W <= 0:
             raise ValueError("PolyRoute stores into a tiled plan's slots (W > 0)")
         L, W, P, C = int(L), int(W), int(P), int(C)
         B = max(W, (int(lanes_per_chunk) // W) * W)
         B = min(B, -(-max(L, 1) // W) * W)
+        nc = -(-max(L, 1) // B)
+        T = int(nb.config.NUMBA_NUM_THREADS) if parts is None else int(parts)
+        T = max(1, min(T, nc * B // LANES_PER_PART, nc))
         arrs, src, nf, rt = self.body.arrays(), self.src, self.n_forcing, self.rates
         R = np.empty(self.rows * L) if rt is not None else _NO_ROWS
-        uc, fc = np.empty(self.n_states * B), np.empty(src.shape[0] * B)
-        sc = np.empty(scratch_size(self.body, W))
-        ob = np.empty(P * B)
+        scr = [(np.empty(self.n_states * B), np.empty(src.shape[0] * B), np.empty(scratch_size(self.body, W)),
+                np.empty(P * B)) for _ in range(T)]
+        uc, fc, sc, ob = scr[0]
 
+        def one(u, f, p, t, h, cix, out):
+            return _drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, uc, fc, sc, ob, 0, nc)
+
+        def split(u, f, p, t, h, cix, out, n):
+            def part(k):
+                return _drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, *scr[k],
+                              k * nc // n, (k + 1) * nc // n)
+            futs = [_pool(n - 1).submit(part, k) for k in range(1, n)]
+            bad = part(0)                   # the caller's thread runs the first part
+            return bad + sum(fu.result() for fu in futs)
+
+        if T == 1:
+            if rt is None:
+                return one
+            serial = _serial_run()
+
+            def rated(u, f, p, t, h, cix, out):
+                serial(rt.code, rt.consts, u, f, p, t, h, cix, R, L, rt.nreg, 0, 0, L, _NO_SLOTS)
+                return one(u, f, p, t, h, cix, out)
+            return rated
         def call(u, f, p, t, h, cix, out):
-            return _drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, uc, fc, sc, ob)
-        if rt is None:
-            return call
-        run = _serial_run()
-
-        def rated(u, f, p, t, h, cix, out):
-            run(rt.code, rt.consts, u, f, p, t, h, cix, R, L, rt.nreg, 0, 0, L, _NO_SLOTS)
-            return _drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, uc, fc, sc, ob)
-        return rated
+            n = min(T, nb.get_num_threads())
+            if rt is not None:
+                rates = _parallel_run() if n > 1 else _serial_run()
+                rates(rt.code, rt.consts, u, f, p, t, h, cix, R, L, rt.nreg, 0, 0, L, _NO_SLOTS)
+            return split(u, f, p, t, h, cix, out, n) if n > 1 else one(u, f, p, t, h, cix, out)
+        return call
 
     def run(self, u, f, p, t: float, h, cix, out, L: int, W: int, P: int, C: int, zslots,
-            lanes_per_chunk: int = LANES_PER_CHUNK) -> int:
+            lanes_per_chunk: int = LANES_PER_CHUNK, parts: int | None = 1) -> int:
         """Evaluate into a tiled plan's slots (``W`` > 0: slot ``a`` of
         lane ``l`` at ``((l // W)*P + a)*W + l % W``, ``C`` stored lanes,
         padding lanes a copy of lane ``L-1``, slots ``zslots`` zeroed) for
         lanes ``0..L-1`` (``u``, ``f`` float64, lanes-fastest; ``u`` holds
         :attr:`n_states` rows); ``h`` holds the prologue's values. Returns a
-        non-zero number when a stored value is not finite. One thread."""
-        return self.bind(L, W, P, C, zslots, lanes_per_chunk)(u, f, p, float(t), h, cix, out)
+        non-zero number when a stored value is not finite. ``parts``: as
+        :meth:`bind` (the bits do not depend on it)."""
+        return self.bind(L, W, P, C, zslots, lanes_per_chunk, parts)(u, f, p, float(t), h, cix, out)
 
 
 _NO_SLOTS = np.zeros(0, np.int64)
 _NO_SLOTS.setflags(write=False)
 _NO_ROWS = np.zeros(1)
 _NO_ROWS.setflags(write=False)
-_RUN: list = []                 # the interpreter's serial twin, made on first use
+_RUN: dict = {}                 # the interpreter's serial twin / parallel copy, made on first use
+#: Fewest lanes per part of a split call (:meth:`PolyRoute.bind`): below
+#: this a thread's start-up costs more than its chunks.
+LANES_PER_PART = 512
+_POOL: list = []
+_POOL_LOCK = threading.Lock()
 
 
 def _serial_run():
-    if not _RUN:
-        _RUN.append(serial_twin(run_tape))
-    return _RUN[0]
+    if True not in _RUN:
+        _RUN[True] = serial_twin(run_tape)
+    return _RUN[True]
 
 
-@nb.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
-def _nonfinite(x):
-    """Non-zero when ``x`` holds an inf or a NaN (``v·0`` is NaN exactly for
-    those, and a NaN survives any sum: reassociated, the loop vectorises)."""
-    s = 0.0
-    for i in range(x.shape[0]):
-        s += x[i] * 0.0
-    return 0 if s == 0.0 else 1
+def _parallel_run():
+    if False not in _RUN:
+        _RUN[False] = parallel_copy(run_tape)
+    return _RUN[False]
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """The route's worker threads (at least ``n``): made on first use and
+    kept; a wider one replaces a narrower one (which finishes its work)."""
+    with _POOL_LOCK:
+        if not _POOL or _POOL[0]._max_workers < n:
+            old = _POOL[:]
+            _POOL[:] = [ThreadPoolExecutor(max_workers=max(n, 1), thread_name_prefix="esmjac-route")]
+            for o in old:
+                o.shutdown(wait=False)
+        return _POOL[0]
+
+
+#: Doubles per non-temporal store of :func:`_copy_check` (one 64-byte line).
+_NT = 8
+#: Non-temporal stores and ``sfence`` are x86's; elsewhere ordinary stores.
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+@intrinsic
+def _copy_check(typingctx, dst, d0, src, n):
+    """``dst[d0 : d0+n] = src[0 : n]``; 1 when one of the values is an inf
+    or a NaN, else 0 (``v·0`` is NaN exactly for those and a NaN survives
+    any sum). A bit copy: the values are stored as read. The whole 64-byte
+    lines of ``dst`` are written with non-temporal stores (x86: no read of
+    the line first, as an ordinary store's write-allocate does, and the
+    line is not kept in cache; ``sfence`` at the end orders them before
+    any later store of this thread), the partial lines at either end with
+    ordinary stores. ``src`` is read once for both."""
+    if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
+            and dst.dtype == types.float64 and src.dtype == types.float64):
+        return None
+    sig = types.int64(dst, d0, src, n)
+
+    def codegen(context, builder, signature, args):
+        dt, _, st, _ = signature.args
+        dst_, d0_, src_, n_ = args
+        i64, dbl = ir.IntType(64), ir.DoubleType()
+        vt = ir.VectorType(dbl, _NT)
+        dp = builder.gep(context.make_array(dt)(context, builder, dst_).data, [d0_])
+        sp = context.make_array(st)(context, builder, src_).data
+        addr = builder.ptrtoint(dp, i64)
+        # values before the first 64-byte boundary (all of them when dst is
+        # not even 8-byte aligned: no vector store then)
+        head = builder.lshr(builder.and_(builder.sub(i64(0), addr), i64(63)), i64(3))
+        head = builder.select(builder.icmp_unsigned("!=", builder.and_(addr, i64(7)), i64(0)), n_, head)
+        head = builder.select(builder.icmp_unsigned("<", n_, head), n_, head)
+        nv = builder.lshr(builder.sub(n_, head), i64(3))
+        vend = builder.add(head, builder.shl(nv, i64(3)))
+        acc = cgutils.alloca_once_value(builder, dbl(0.0))
+        vacc = cgutils.alloca_once_value(builder, ir.Constant(vt, [0.0] * _NT))
+
+        def scalar(i):
+            x = builder.load(builder.gep(sp, [i]))
+            builder.store(x, builder.gep(dp, [i]))
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(x, dbl(0.0))), acc)
+        with cgutils.for_range_slice(builder, i64(0), head, i64(1), inc=True) as (i, _):
+            scalar(i)
+        nt = builder.module.add_metadata([ir.IntType(32)(1)])
+        with cgutils.for_range_slice(builder, head, vend, i64(_NT), inc=True) as (i, _):
+            x = builder.load(builder.bitcast(builder.gep(sp, [i]), vt.as_pointer()))
+            x.align = 8
+            st_ = builder.store(x, builder.bitcast(builder.gep(dp, [i]), vt.as_pointer()))
+            st_.align = 64
+            if _X86:
+                st_.set_metadata("nontemporal", nt)
+            builder.store(builder.fadd(builder.load(vacc), builder.fmul(x, ir.Constant(vt, [0.0] * _NT))), vacc)
+        with cgutils.for_range_slice(builder, vend, n_, i64(1), inc=True) as (i, _):
+            scalar(i)
+        if _X86:
+            fence = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                   "llvm.x86.sse.sfence")
+            builder.call(fence, [])
+        s, v = builder.load(acc), builder.load(vacc)
+        for j in range(_NT):
+            s = builder.fadd(s, builder.extract_element(v, ir.IntType(32)(j)))
+        return builder.zext(builder.fcmp_unordered("uno", s, s), i64)
+    return sig, codegen
+
+
+@nb.njit(inline="always", nogil=True)
+def _put(a, b, m):
+    """``a[:m] = b[:m]`` as a loop from 0 (no shape check to compile; the
+    index provably non-negative, so no wraparound in the way of LLVM's
+    vectoriser)."""
+    for j in range(m):
+        a[j] = b[j]
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
 def _drive(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B,
-           uc, fc, sc, ob):
-    """Chunks of ``B`` lanes: gather the chunk's state rows and field rows
-    (stride = the chunk's lanes), run the kernel into a chunk buffer ``ob``
-    (``P*B`` values: the kernel's scattered tile stores stay in cache),
-    check it, copy it into the chunk's tiles (one contiguous run of ``out``).
-    Measured on GEOS-Chem kinetics, 10⁴ cells: 96 ms this way against 147
-    with the kernel storing into ``out`` itself."""
+           uc, fc, sc, ob, c0, c1):
+    """Chunks ``c0 .. c1-1`` of ``B`` lanes: gather the chunk's state rows
+    and field rows (stride = the chunk's lanes), run the kernel into a
+    chunk buffer ``ob`` (``P*B`` values: the kernel's scattered tile stores
+    stay in cache), copy it into the chunk's tiles (one contiguous run of
+    ``out``, :func:`_copy_check`: non-temporal stores, the non-finite check
+    in the same pass). Measured on GEOS-Chem kinetics, 10⁴ cells: 96 ms
+    with a buffer against 147 with the kernel storing into ``out`` itself.
+    The copies are plain loops, not slice assignments (those compile a
+    shape check and its error message: ≈ 5 s of a cold build)."""
     n_u = uc.shape[0] // B
     nr = src.shape[0]
     bad = 0
-    for l0 in range(0, L, B):
+    for l0 in range(c0 * B, min(c1 * B, L), B):
         m = min(B, L - l0)
         cm = min(B, C - l0)
-        ucm = uc[:n_u * m]
-        fcm = fc[:nr * m]
         for r in range(n_u):
-            ucm[r * m:(r + 1) * m] = u[r * L + l0:r * L + l0 + m]
+            _put(uc[r * m:(r + 1) * m], u[r * L + l0:r * L + l0 + m], m)
         for k in range(nr):
             s = src[k]
             if s < nf:
-                fcm[k * m:(k + 1) * m] = f[s * L + l0:s * L + l0 + m]
+                _put(fc[k * m:(k + 1) * m], f[s * L + l0:s * L + l0 + m], m)
             else:
-                fcm[k * m:(k + 1) * m] = R[(s - nf) * L + l0:(s - nf) * L + l0 + m]
+                _put(fc[k * m:(k + 1) * m], R[(s - nf) * L + l0:(s - nf) * L + l0 + m], m)
         n = (cm // W) * P * W
-        o = ob[:n]
-        run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, ucm, fcm, h, p, o, m, W, P, cm, zslots,
-                 BLOCK, sc)
-        bad += _nonfinite(o)
-        out[(l0 // W) * P * W:(l0 // W) * P * W + n] = o
+        run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, uc[:n_u * m], fc[:nr * m], h, p, ob[:n], m, W, P,
+                 cm, zslots, BLOCK, sc)
+        bad += _copy_check(out, (l0 // W) * P * W, ob, n)
     return bad
 
 
