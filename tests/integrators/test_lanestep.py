@@ -596,8 +596,9 @@ def test_stage_solve_in_one_pass_per_direction_gives_the_separate_passes_bits(m,
     order = markowitz_ordering(P)
     Fl = lu_fill([[P[order[i]][order[j]] for j in range(n)] for i in range(n)])
     lu = SparseLaneLU(n, tuple((i, j) for i in range(n) for j in range(n) if Fl[i][j]))
-    WA = LS.lu_tile(m)
-    assert WA == (16 if m >= 16 else m)
+    WA = LS.lu_tile(m, dtype)
+    V = 16 if dtype == np.float64 else 32                       # sparse_lu.vec_lanes
+    assert WA == (V if m >= V else m)
     A = rng.uniform(-1, 1, (lu.nnz, m))
     A[lu.diag_slots] += n + 1.0
     Wm = np.zeros(tiled_size(lu.nnz, m, WA), dtype)

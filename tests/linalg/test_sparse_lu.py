@@ -117,6 +117,43 @@ def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kerne
     assert np.array_equal(x, y)
 
 
+@pytest.mark.parametrize("L, WJ", [(203, 16), (600, 5), (20, 16)])
+def test_float32_factors_on_their_32_lane_vector_tiles(L, WJ):
+    # precision="mixed": float64 J in 16-lane tiles, float32 factors in tiles
+    # of vec_lanes(float32) = 32 (whole tiles through the vector intrinsics
+    # on <32 x float>, J's 16-lane runs negated and narrowed by one vector op
+    # per slot; runs of 5 lanes, the partial last tile and a block below 32
+    # lanes through the loops), then the mixed stage solve's float64
+    # right-hand side. Oracles: a dense NumPy solve per lane, and bitwise the
+    # separate assembly (−J rounded to float32, then + 1/(hγ) in float64,
+    # rounded) factored and solved by the untiled scalar loops.
+    from esmjac.layouts.types import untile
+    from esmjac.linalg.sparse_lu import CHUNK, VEC, factor_lanes, factor_shifted_rows, solve_lanes, vec_lanes
+    assert vec_lanes(np.float32) == 2 * VEC and vec_lanes(np.float64) == VEC
+    lu, M, b = _system(L=L, seed=5)
+    rng = np.random.default_rng(2)
+    J = -lu.pack(M)
+    hs, gamma = rng.uniform(0.5, 50.0, L), 0.5
+    WA = 32 if L >= 32 else L
+    A = np.full(tiled_size(lu.nnz, L, WA), np.nan, np.float32)
+    bad = np.zeros(L, np.int64)
+    factor_shifted_rows(_tile(J, lu.nnz, L, WJ), WJ, A, WA, hs, gamma, lu.nnz, L, CHUNK, *lu.factor_ops(), bad,
+                        *lu.row_ops())
+    assert np.all(bad == -1)
+    B = (-J).astype(np.float32)                         # −J rounded, then the shift added in float64, rounded
+    Bd = B.reshape(lu.nnz, L)
+    Bd[lu.diag_slots] = (Bd[lu.diag_slots].astype(np.float64) + 1.0 / (hs * gamma)).astype(np.float32)
+    factor_lanes(B, lu.nnz, L, L, CHUNK, *lu.factor_ops(), bad)
+    assert np.array_equal(untile(A, lu.nnz, L, WA).view(np.int32), B.reshape(lu.nnz, L).view(np.int32))
+    x, y = b.reshape(-1).copy(), b.reshape(-1).copy()
+    solve_lanes(A, x, lu.nnz, L, WA, CHUNK, *lu.solve_ops())
+    solve_lanes(B, y, lu.nnz, L, L, CHUNK, *lu.solve_ops())
+    assert np.array_equal(x, y)
+    Md = M + np.eye(lu.n)[None] / (hs * gamma)[:, None, None]
+    ref = np.linalg.solve(Md, b.T[..., None])[..., 0].T
+    np.testing.assert_allclose(x.reshape(b.shape), ref, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("WA", [40, 16])
 def test_row_by_row_assembly_reports_the_same_bad_pivots(WA):
     # a NaN Jacobian entry (lane 7) and a zero pivot (lane 30: J = I/(hγ) on
@@ -167,23 +204,25 @@ def test_serial_narrow_tiles_match_untiled_bitwise(W):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_transpose_solve_on_vector_tiles_matches_dense_and_untiled(dtype):
-    # the adjoint's (LU)ᵀ x = b: 16-lane tiles (whole tiles through the
-    # rowscatter intrinsic, the partial last tile of 5 lanes through the
-    # loops; float32 factors with a float64 right-hand side, as the mixed
-    # leaf's replays) against a dense NumPy solve of Mᵀ x = b per lane and,
-    # bitwise, the untiled scalar loops on the same factors
-    from esmjac.linalg.sparse_lu import CHUNK, VEC, factor_lanes, solve_transpose_lanes
-    L = 2 * VEC + 5
+    # the adjoint's (LU)ᵀ x = b: vector tiles (vec_lanes: 16 lanes in float64,
+    # 32 in float32; whole tiles through the rowscatter intrinsic, the
+    # partial last tile of 5 lanes through the loops; float32 factors with a
+    # float64 right-hand side, as the mixed leaf's replays) against a dense
+    # NumPy solve of Mᵀ x = b per lane and, bitwise, the untiled scalar
+    # loops on the same factors
+    from esmjac.linalg.sparse_lu import CHUNK, factor_lanes, solve_transpose_lanes, vec_lanes
+    V = vec_lanes(dtype)
+    L = 2 * V + 5
     lu, M, b = _system(L=L, seed=12)
     A = lu.pack(M).astype(dtype)
-    At = _tile(A, lu.nnz, L, VEC).astype(dtype)
+    At = _tile(A, lu.nnz, L, V).astype(dtype)
     bad, badt = np.zeros(L, np.int64), np.zeros(L, np.int64)
     factor_lanes(A, lu.nnz, L, L, CHUNK, *lu.factor_ops(), bad)
-    factor_lanes(At, lu.nnz, L, VEC, CHUNK, *lu.factor_ops(), badt)
+    factor_lanes(At, lu.nnz, L, V, CHUNK, *lu.factor_ops(), badt)
     assert np.all(bad == -1) and np.all(badt == -1)
     x, xt = b.reshape(-1).copy(), b.reshape(-1).copy()
     solve_transpose_lanes(A, x, lu.nnz, L, L, *lu.solve_ops())
-    solve_transpose_lanes(At, xt, lu.nnz, L, VEC, *lu.solve_ops())
+    solve_transpose_lanes(At, xt, lu.nnz, L, V, *lu.solve_ops())
     assert np.array_equal(x, xt)
     ref = np.linalg.solve(np.transpose(M, (0, 2, 1)), b.T[..., None])[..., 0].T
     tol = 1e-12 if dtype == np.float64 else 1e-5

@@ -62,7 +62,8 @@ import numpy as np
 
 from ..compile.jitkeys import key_by_callees
 from ..errors import JacError
-from ..linalg.sparse_lu import CHUNK, VEC, SparseLaneLU, factor_shifted_rows, rowdot, tiled_size, vaxpy, vset
+from ..linalg.sparse_lu import (CHUNK, VEC, SparseLaneLU, factor_shifted_rows, rowdot, tiled_size, vaxpy,
+                                vec_lanes, vset)
 
 __all__ = ["STATUS", "LaneStepper", "RUNNING", "lu_tile", "gather", "assemble_w", "combine",
            "stage_rhs", "nonzero_terms"]
@@ -129,13 +130,15 @@ def _shared_min(x, m):
         x[l] = v
 
 
-def lu_tile(m: int) -> int:
-    """Lane tile of the iteration matrix's storage at ``m`` active lanes:
-    :data:`~esmjac.linalg.sparse_lu.VEC` lanes (each elimination and solve
-    op of a whole tile one vector op of the tile's lanes, the row held in
-    registers; a partial last tile runs the general loops), or one tile of
-    ``m`` lanes when fewer."""
-    return VEC if m >= VEC else max(int(m), 1)
+def lu_tile(m: int, dtype=np.float64) -> int:
+    """Lane tile of the iteration matrix's storage at ``m`` active lanes for
+    factors of ``dtype``: :func:`~esmjac.linalg.sparse_lu.vec_lanes` lanes
+    (16 in float64, 32 in float32: each elimination and solve op of a whole
+    tile one vector op of the tile's lanes, the row held in registers; a
+    partial last tile runs the general loops), or one tile of ``m`` lanes
+    when fewer."""
+    v = vec_lanes(dtype)
+    return v if m >= v else max(int(m), 1)
 
 
 @numba.njit(**_JIT)
@@ -655,7 +658,7 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
     before its forward substitution, and each row of the combination right
     after its backward substitution (while the row is in L1), over all ``m``
     lanes, the row's substitution tile by tile of ``WA`` lanes in between
-    (a whole tile of :data:`~esmjac.linalg.sparse_lu.VEC` lanes as one
+    (a whole vector tile, :func:`~esmjac.linalg.sparse_lu.vec_lanes` lanes, as one
     :func:`~esmjac.linalg.sparse_lu.rowdot`: the row held in registers
     across its ops). Every value sees the operations of :func:`_stage_rhs`,
     the triangular solves and :func:`_combine` in the same order (the same
@@ -673,6 +676,7 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
             c[l] = cv / hs[l]
     nv = m // VEC                               # whole groups of VEC lanes: vector ops, then the rest
     mv = nv * VEC
+    vw = VEC * 8 // Wm.itemsize                 # a whole vector tile of the matrix (vec_lanes)
     for r in range(n):
         bi = Ki[r * m:r * m + m]
         so = perm[r] * m
@@ -694,7 +698,7 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
         for l0 in range(0, m, WA):
             mt = min(WA, m - l0)
             base = (l0 // WA) * nnz * WA
-            if mt == VEC and WA == VEC:
+            if mt == vw and WA == vw:
                 rowdot(Ki, r * m + l0, Wm, base, fwd_slot, fwd_col, fwd_ptr[r], fwd_ptr[r + 1], Ki, m, l0, -1)
                 continue
             bt = Ki[r * m + l0:r * m + l0 + mt]
@@ -709,7 +713,7 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
         for l0 in range(0, m, WA):
             mt = min(WA, m - l0)
             base = (l0 // WA) * nnz * WA
-            if mt == VEC and WA == VEC:
+            if mt == vw and WA == vw:
                 rowdot(Ki, r * m + l0, Wm, base, bwd_slot, bwd_col, bwd_ptr[r], bwd_ptr[r + 1], Ki, m, l0,
                        piv[r])
                 continue
@@ -819,7 +823,7 @@ class LaneStepper:
         self.inplace = reuse is None and np.dtype(lu_dtype) == np.float64 and tile == VEC
         # the iteration matrix (float32 for precision="mixed": factored in
         # float32, solved with float64 accumulation into float64 stages)
-        self.Wm = _buf(tiled_size(lu.nnz, C, W if self.inplace else lu_tile(C)), lu_dtype, fill=0)
+        self.Wm = _buf(tiled_size(lu.nnz, C, W if self.inplace else lu_tile(C, lu_dtype)), lu_dtype, fill=0)
         self.FZ = _buf(max(self.nf * C, 1), fill=0)
         # what ``rhs`` reads the fields through: with ``readonly_fields`` a
         # read-only view, the signature the program's build compiled (a
@@ -850,7 +854,7 @@ class LaneStepper:
             self.FZsub = _buf(max(self.nf * C, 1), fill=0)
             self.cixsub = _buf(max(self.ncd * C, 1), i64, fill=0)
             self.Jk = _buf(tiled_size(lu.nnz, C, W), fill=0)     # also compaction scratch
-            self.Wmk = _buf(tiled_size(lu.nnz, C, lu_tile(C)), lu_dtype, fill=0)
+            self.Wmk = _buf(tiled_size(lu.nnz, C, lu_tile(C, lu_dtype)), lu_dtype, fill=0)
             self.hk, self.badk = _buf(C), _buf(C, i64)
         self.a_nz = [_nz(tab.a[i]) for i in range(S)]
         self.c_nz = [_nz(tab.c[i]) for i in range(S)]
@@ -921,7 +925,7 @@ class LaneStepper:
             _tiled_copy(self.Jk, lu.nnz, Wk, self.ar, self.J, W, sel, kj)
         Wk = k if self.tile is None else self.tile
         _sub_factor(self.J, W, self.Wm, WA, self.hs, self.tab.gamma, lu.nnz, m, self.sellu, k, self.ar,
-                    self.Jk, max(Wk, 1), self.Wmk, lu_tile(k), self.hk, self.badk, CHUNK, *self.fops,
+                    self.Jk, max(Wk, 1), self.Wmk, lu_tile(k, self.Wm.dtype), self.hk, self.badk, CHUNK, *self.fops,
                     self.bad, self.hlu, *self.rops)
 
     # -- driver ---------------------------------------------------------------
@@ -981,7 +985,7 @@ class LaneStepper:
         Jd = self.Wm if inplace else self.J
         while m > 0:
             W = m if self.tile is None else self.tile
-            WA = W if inplace else lu_tile(m)
+            WA = W if inplace else lu_tile(m, self.Wm.dtype)
             if reuse is not None:
                 self._w_matrices(t, h, tend, m, W, WA, nonauto, fcall)
             elif nonauto:
@@ -1070,7 +1074,7 @@ class LaneStepper:
                 _squeeze_lane(self.jage, m, done)
                 _squeeze_lane(self.hlu, m, done)
                 _squeeze_tiled(self.J, lu.nnz, m, W, mn, mn if self.tile is None else self.tile, done, self.Jk)
-                _squeeze_tiled(self.Wm, lu.nnz, m, WA, mn, lu_tile(mn), done, self.Wmk)
+                _squeeze_tiled(self.Wm, lu.nnz, m, WA, mn, lu_tile(mn, self.Wm.dtype), done, self.Wmk)
             if self.nf and fcall is None:
                 _squeeze_rows(self.FZ, self.nf, m, mn, done)
             if self.ncd:

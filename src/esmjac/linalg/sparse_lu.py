@@ -48,17 +48,30 @@ from numba.extending import intrinsic
 from ..errors import JacError
 
 __all__ = ["SparseLaneLU", "CHUNK", "VEC", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
-           "rowdot", "solve_lanes", "vaxpy", "vset",
+           "rowdot", "solve_lanes", "vaxpy", "vec_lanes", "vset",
            "solve_transpose_lanes", "tiled_size"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
 #: that the partition — and hence every lane's arithmetic — never changes.
 CHUNK = 256
 
-#: Lanes of one vector op (:func:`rowdot`, :func:`_elim_row`): a lane tile of
-#: exactly ``VEC`` lanes runs its elimination and solves as whole-tile vector
-#: ops (4 AVX2 registers in float64); other tiles run the general loops.
+#: Lanes of one float64 vector op (:func:`rowdot`, :func:`_elim_row`): a lane
+#: tile of exactly ``VEC`` lanes runs its elimination and solves as whole-tile
+#: vector ops (4 AVX2 registers in float64); other tiles run the general
+#: loops. A float32 matrix's vector tile is twice as wide (:func:`vec_lanes`:
+#: the same four registers, half the op overhead per lane).
 VEC = 16
+
+
+def vec_lanes(dtype) -> int:
+    """Lanes of a whole-tile vector op on a matrix of ``dtype``: ``VEC`` for
+    float64, ``2*VEC`` for float32 (the same register footprint)."""
+    return VEC * 8 // np.dtype(dtype).itemsize
+
+
+def _vw(aryty) -> int:
+    """:func:`vec_lanes` of a Numba array type (inside an intrinsic)."""
+    return VEC * 64 // aryty.dtype.bitwidth
 
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -105,8 +118,9 @@ def rowdot(typingctx, x, xo, A, ab, slot, col, p0, p1, b, m, c0, do):
         xt, _, At, _, st, ct, _, _, bt, _, _, _ = signature.args
         x_, xo_, A_, ab_, s_, c_, p0_, p1_, b_, m_, c0_, do_ = args
         i64 = ir.IntType(64)
+        V = _vw(At)
         ex, ea = context.get_value_type(xt.dtype), context.get_value_type(At.dtype)
-        vx, va = ir.VectorType(ex, VEC), ir.VectorType(ea, VEC)
+        vx, va = ir.VectorType(ex, V), ir.VectorType(ea, V)
         ax, aa = xt.dtype.bitwidth // 8, At.dtype.bitwidth // 8
         widen = xt.dtype != At.dtype
         xp = _vptr(context, builder, xt, x_, xo_, vx)
@@ -115,7 +129,7 @@ def rowdot(typingctx, x, xo, A, ab, slot, col, p0, p1, b, m, c0, do):
         sd = context.make_array(st)(context, builder, s_).data
         cd = context.make_array(ct)(context, builder, c_).data
         with cgutils.for_range_slice(builder, p0_, p1_, i64(1), inc=True) as (p, _):
-            ao = builder.add(ab_, builder.mul(builder.load(builder.gep(sd, [p])), i64(VEC)))
+            ao = builder.add(ab_, builder.mul(builder.load(builder.gep(sd, [p])), i64(V)))
             jo = builder.add(builder.mul(builder.load(builder.gep(cd, [p])), m_), c0_)
             a = _vload(builder, _vptr(context, builder, At, A_, ao, va), aa)
             if widen:
@@ -125,7 +139,7 @@ def rowdot(typingctx, x, xo, A, ab, slot, col, p0, p1, b, m, c0, do):
         r = builder.load(acc)
         with builder.if_else(builder.icmp_signed(">=", do_, i64(0))) as (then, otherwise):
             with then:
-                dp = _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(do_, i64(VEC))), va)
+                dp = _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(do_, i64(V))), va)
                 dv = _vload(builder, dp, aa)
                 if widen:
                     dv = builder.fpext(dv, vx)
@@ -147,14 +161,15 @@ def _elim_row(typingctx, A, ab, q0, q1, mul_slot, mul_piv, upd_ptr, upd_tgt, upd
         At, _, _, _, mst, mpt, upt, utt, ust = signature.args
         A_, ab_, q0_, q1_, ms_, mp_, up_, ut_, us_ = args
         i64 = ir.IntType(64)
-        va = ir.VectorType(context.get_value_type(At.dtype), VEC)
+        V = _vw(At)
+        va = ir.VectorType(context.get_value_type(At.dtype), V)
         aa = At.dtype.bitwidth // 8
         ms, mp, up, ut, us = (context.make_array(t)(context, builder, v).data
                               for t, v in ((mst, ms_), (mpt, mp_), (upt, up_), (utt, ut_), (ust, us_)))
 
         def slot(arr, i):
             q = builder.load(builder.gep(arr, [i]))
-            return _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(q, i64(VEC))), va)
+            return _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(q, i64(V))), va)
         with cgutils.for_range_slice(builder, q0_, q1_, i64(1), inc=True) as (p, _):
             mptr = slot(ms, p)
             am = builder.fdiv(_vload(builder, mptr, aa), _vload(builder, slot(mp, p), aa))
@@ -165,6 +180,29 @@ def _elim_row(typingctx, A, ab, q0, q1, mul_slot, mul_piv, upd_ptr, upd_tgt, upd
                 tp = slot(ut, u)
                 t = _vload(builder, tp, aa)
                 _vstore(builder, builder.fsub(t, builder.fmul(am, _vload(builder, slot(us, u), aa))), tp, aa)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _vnegrun(typingctx, A, ao, WA, J, jo, WJ, q0, q1):
+    """``A[ao+q*WA : +VEC] = -J[jo+q*WJ : +VEC]`` for ``q`` in ``q0 .. q1-1``
+    (one run of VEC lanes of each slot; ``A`` narrower: ``fptrunc`` of the
+    negated value, the bits of the scalar ``a[k] = -j[k]``)."""
+    sig = types.void(A, ao, WA, J, jo, WJ, q0, q1)
+
+    def codegen(context, builder, signature, args):
+        At, _, _, Jt, _, _, _, _ = signature.args
+        A_, ao_, WA_, J_, jo_, WJ_, q0_, q1_ = args
+        va = ir.VectorType(context.get_value_type(At.dtype), VEC)
+        vj = ir.VectorType(context.get_value_type(Jt.dtype), VEC)
+        with cgutils.for_range_slice(builder, q0_, q1_, ir.IntType(64)(1), inc=True) as (q, _):
+            v = builder.fneg(_vload(builder, _vptr(context, builder, Jt, J_, builder.add(jo_, builder.mul(q, WJ_)), vj),
+                                    Jt.dtype.bitwidth // 8))
+            if At.dtype != Jt.dtype:
+                v = builder.fptrunc(v, va)
+            _vstore(builder, v, _vptr(context, builder, At, A_, builder.add(ao_, builder.mul(q, WA_)), va),
+                    At.dtype.bitwidth // 8)
         return context.get_dummy_value()
     return sig, codegen
 
@@ -238,14 +276,15 @@ def rowscatter(typingctx, b, io, A, ab, slot, col, p0, p1, m, c0, do):
         bt, _, At, _, st, ct, _, _, _, _, _ = signature.args
         b_, io_, A_, ab_, s_, c_, p0_, p1_, m_, c0_, do_ = args
         i64 = ir.IntType(64)
-        vb, va = (ir.VectorType(context.get_value_type(t.dtype), VEC) for t in (bt, At))
+        V = _vw(At)
+        vb, va = (ir.VectorType(context.get_value_type(t.dtype), V) for t in (bt, At))
         al, aa = bt.dtype.bitwidth // 8, At.dtype.bitwidth // 8
         widen = bt.dtype != At.dtype
         bp = _vptr(context, builder, bt, b_, io_, vb)
         xs = cgutils.alloca_once(builder, vb)
         builder.store(_vload(builder, bp, al), xs)
         with builder.if_then(builder.icmp_signed(">=", do_, i64(0))):
-            dv = _vload(builder, _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(do_, i64(VEC))), va), aa)
+            dv = _vload(builder, _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(do_, i64(V))), va), aa)
             if widen:
                 dv = builder.fpext(dv, vb)
             q = builder.fdiv(builder.load(xs), dv)
@@ -255,7 +294,7 @@ def rowscatter(typingctx, b, io, A, ab, slot, col, p0, p1, m, c0, do):
         sd = context.make_array(st)(context, builder, s_).data
         cd = context.make_array(ct)(context, builder, c_).data
         with cgutils.for_range_slice(builder, p0_, p1_, i64(1), inc=True) as (p, _):
-            ao = builder.add(ab_, builder.mul(builder.load(builder.gep(sd, [p])), i64(VEC)))
+            ao = builder.add(ab_, builder.mul(builder.load(builder.gep(sd, [p])), i64(V)))
             jo = builder.add(builder.mul(builder.load(builder.gep(cd, [p])), m_), c0_)
             a = _vload(builder, _vptr(context, builder, At, A_, ao, va), aa)
             if widen:
@@ -286,7 +325,8 @@ def _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
     base = (l0 // W) * nnz * W + l0 % W
     # Each op works on unit-stride views of this block's lanes, indexed from
     # 0: that lets LLVM drop negative-index wraparound and vectorise.
-    for p in range(0 if m == VEC and W == VEC else mul_slot.shape[0]):
+    vw = VEC * 8 // A.itemsize                  # a whole vector tile (vec_lanes)
+    for p in range(0 if m == vw and W == vw else mul_slot.shape[0]):
         mo = base + mul_slot[p] * W
         po = base + mul_piv[p] * W
         am = A[mo:mo + m]
@@ -301,7 +341,7 @@ def _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
             as_ = A[so:so + m]
             for l in range(m):
                 at[l] -= am[l] * as_[l]
-    if m == VEC and W == VEC:                   # a whole tile of VEC lanes: vector ops
+    if m == vw and W == vw:                     # a whole vector tile: vector ops
         _elim_row(A, base, 0, mul_slot.shape[0], mul_slot, mul_piv, upd_ptr, upd_tgt, upd_src)
     # The pivot used at step k is the final u_kk (later steps only touch
     # rows/columns > k), so checking after the sweep is equivalent and keeps
@@ -359,7 +399,7 @@ def solve_transpose_lanes(A, b, nnz, L, W, piv_slot, fwd_ptr, fwd_slot, fwd_col,
     while l0 < L:
         # blocks of at most 256 lanes that never cross a tile
         m = min(256, L - l0, W - l0 % W)
-        if m == VEC and W == VEC:               # a whole tile of VEC lanes: vector ops
+        if m == VEC * 8 // A.itemsize and W == m:   # a whole vector tile: vector ops
             n = piv_slot.shape[0]
             base = (l0 // W) * nnz * W
             for i in range(n):
@@ -431,7 +471,7 @@ def _factor_group(A, nnz, L, W, t0, t1, piv_slot, mul_piv, mul_slot, upd_ptr,
                   upd_tgt, upd_src, bad):
     """Factor the lanes of tiles ``t0 .. t1-1`` (of ``W`` lanes; the last tile
     of the grid may hold fewer than ``W`` real lanes) in place."""
-    if W == VEC:                                # whole-tile vector ops, tile by tile
+    if W == VEC * 8 // A.itemsize:             # whole-tile vector ops, tile by tile
         for t in range(t0, t1):
             _factor_block(A, nnz, W, t * W, min(W, L - t * W), piv_slot, mul_piv, mul_slot, upd_ptr,
                           upd_tgt, upd_src, bad)
@@ -478,11 +518,11 @@ def _solve_group(A, b, nnz, L, W, t0, t1, piv_slot, fwd_ptr, fwd_slot, fwd_col,
                  bwd_ptr, bwd_slot, bwd_col):
     """Solve ``LU x = b`` for the lanes of tiles ``t0 .. t1-1``; ``b[i*L + l]``."""
     n = piv_slot.shape[0]
-    if W == VEC:                                # whole-tile vector ops, tile by tile
+    if W == VEC * 8 // A.itemsize:             # whole-tile vector ops, tile by tile
         for t in range(t0, t1):
             l0 = t * W
-            if L - l0 >= VEC:
-                base = t * nnz * VEC
+            if L - l0 >= W:
+                base = t * nnz * W
                 for i in range(n):
                     rowdot(b, i * L + l0, A, base, fwd_slot, fwd_col, fwd_ptr[i], fwd_ptr[i + 1], b, L, l0, -1)
                 for i in range(n - 1, -1, -1):
@@ -608,7 +648,7 @@ def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv
     n = piv_slot.shape[0]
     ab = (l0 // WA) * nnz * WA + l0 % WA
     h = hs[l0:l0 + m]
-    vec = m == VEC and WA == VEC                # a whole tile of VEC lanes: vector ops
+    vec = m == VEC * 8 // A.itemsize and WA == m    # a whole vector tile (vec_lanes): vector ops
     same = m == WA and WJ == WA and l0 % WA == 0  # J's tile is A's: a row is one contiguous run
     for i in range(n):
         q0, q1 = row_ptr[i], row_ptr[i + 1]
@@ -622,11 +662,14 @@ def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv
             r = min(WJ - l % WJ, l0 + m - l)
             jb = (l // WJ) * nnz * WJ + l % WJ
             ao = ab + (l - l0)
-            for q in range(q0, q1):
-                a = A[ao + q * WA:ao + q * WA + r]
-                j = J[jb + q * WJ:jb + q * WJ + r]
-                for k in range(r):
-                    a[k] = -j[k]
+            if r == VEC:                        # a whole run of VEC lanes: one vector op per slot
+                _vnegrun(A, ao, WA, J, jb, WJ, q0, q1)
+            else:
+                for q in range(q0, q1):         # indexed, not sliced: a slice per slot is two atomics
+                    aq = ao + q * WA
+                    jq = jb + q * WJ
+                    for k in range(r):
+                        A[aq + k] = -J[jq + k]
             l += r
         o = ab + piv_slot[i] * WA
         a = A[o:o + m]
