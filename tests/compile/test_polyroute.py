@@ -207,11 +207,13 @@ def test_the_copy_stores_the_bits_and_finds_non_finite_values():
     nothing outside it is written, and an inf or NaN anywhere is reported."""
     import numba
 
-    from esmjac.compile.polyroute import _copy_check
+    from esmjac.compile.polyroute import _copy_check, _sfence
 
     @numba.njit
     def copy(dst, d0, src, n):
-        return _copy_check(dst, d0, src, n)
+        bad = _copy_check(dst, d0, src, n)
+        _sfence()
+        return bad
 
     rng = np.random.default_rng(7)
     src = rng.standard_normal(200) * 10.0 ** rng.integers(-300, 300, 200)

@@ -226,9 +226,9 @@ def _copy_check(typingctx, dst, d0, src, n):
     any sum). A bit copy: the values are stored as read. The whole 64-byte
     lines of ``dst`` are written with non-temporal stores (x86: no read of
     the line first, as an ordinary store's write-allocate does, and the
-    line is not kept in cache; ``sfence`` at the end orders them before
-    any later store of this thread), the partial lines at either end with
-    ordinary stores. ``src`` is read once for both."""
+    line is not kept in cache; the caller ends with :func:`_sfence`), the
+    partial lines at either end with ordinary stores. ``src`` is read once
+    for both."""
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
             and dst.dtype == types.float64 and src.dtype == types.float64):
         return None
@@ -269,14 +269,28 @@ def _copy_check(typingctx, dst, d0, src, n):
             builder.store(builder.fadd(builder.load(vacc), builder.fmul(x, ir.Constant(vt, [0.0] * _NT))), vacc)
         with cgutils.for_range_slice(builder, vend, n_, i64(1), inc=True) as (i, _):
             scalar(i)
-        if _X86:
-            fence = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                                   "llvm.x86.sse.sfence")
-            builder.call(fence, [])
         s, v = builder.load(acc), builder.load(vacc)
         for j in range(_NT):
             s = builder.fadd(s, builder.extract_element(v, ir.IntType(32)(j)))
         return builder.zext(builder.fcmp_unordered("uno", s, s), i64)
+    return sig, codegen
+
+
+@intrinsic
+def _sfence(typingctx):
+    """``sfence`` (x86): the non-temporal stores before it are ordered
+    before any later store of this thread (so a thread that sees the later
+    one sees them). Once per call, not per copy: each one waits for the
+    write-combining buffers to drain (one per copied 64-lane row of the
+    point cost ≈ 20 ms per 10⁴-lane call in a trial)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        if _X86:
+            fence = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                   "llvm.x86.sse.sfence")
+            builder.call(fence, [])
+        return context.get_dummy_value()
     return sig, codegen
 
 
@@ -321,6 +335,7 @@ def _drive(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, 
         run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, uc[:n_u * m], fc[:nr * m], h, p, ob[:n], m, W, P,
                  cm, zslots, BLOCK, sc)
         bad += _copy_check(out, (l0 // W) * P * W, ob, n)
+    _sfence()
     return bad
 
 
