@@ -221,9 +221,10 @@ def test_the_copy_stores_the_bits_and_finds_non_finite_values():
     for d0 in range(9):
         for n in (0, 1, 5, 8, 9, 16, 23, 64, 131):
             dst = np.full(160, 7.0)
-            assert copy(dst, d0, src, n) == 0
-            assert np.array_equal(dst[d0:d0 + n].view(np.uint64), src[:n].view(np.uint64))
-            assert np.all(dst[:d0] == 7.0) and np.all(dst[d0 + n:] == 7.0)
+            where = (d0, n, dst.ctypes.data % 64)
+            assert copy(dst, d0, src, n) == 0, where
+            assert np.array_equal(dst[d0:d0 + n].view(np.uint64), src[:n].view(np.uint64)), where
+            assert np.all(dst[:d0] == 7.0) and np.all(dst[d0 + n:] == 7.0), where
     nan = np.array([0x7FF8_0000_0000_0123], np.uint64).view(np.float64)[0]     # a NaN with a payload
     for bad in (np.inf, -np.inf, nan):
         for at in (0, 6, 7, 8, 40, 129, 130):
@@ -231,8 +232,9 @@ def test_the_copy_stores_the_bits_and_finds_non_finite_values():
             s[at] = bad
             for d0 in (0, 3):
                 dst = np.zeros(160)
-                assert copy(dst, d0, s, 131) == 1
-                assert np.array_equal(dst[d0:d0 + 131].view(np.uint64), s[:131].view(np.uint64))
+                where = (bad, at, d0, dst.ctypes.data % 64)
+                assert copy(dst, d0, s, 131) == 1, where
+                assert np.array_equal(dst[d0:d0 + 131].view(np.uint64), s[:131].view(np.uint64)), where
         s = src.copy()
         s[129] = bad                    # past the copied values: not reported
         assert copy(np.zeros(160), 0, s, 129) == 0

@@ -46,7 +46,7 @@ from .jitkeys import key_by_callees
 from .massaction import _U64, BLOCK, PolyBody, expand, run_poly, scratch_size
 from .ssa import UNARY, Block
 from .tape import OPS, Tape, encode, run_tape
-from .twins import parallel_copy, serial_twin
+from .twins import serial_twin
 
 __all__ = ["PolyRoute", "cut", "tape_ssa", "LANES_PER_CHUNK"]
 
@@ -119,8 +119,9 @@ class PolyRoute:
         :data:`LANES_PER_PART` lanes per part. The runs are calls of the one
         compiled :func:`_drive` on Python threads (it releases the GIL), not
         a second jitted function (each jitted caller of ``run_poly``
-        compiles its optimisation again); the rates tape runs on the
-        interpreter's parallel copy then. A chunk's values do not depend on
+        compiles its optimisation again); the rates tape runs before them on
+        the calling thread (its serial twin: numba's parallel region cost
+        more CPU than it saved). A chunk's values do not depend on
         the run or thread that computes it, so the bits are those of one
         part."""
         if W <= 0:
@@ -159,9 +160,8 @@ class PolyRoute:
             return rated
         def call(u, f, p, t, h, cix, out):
             n = min(T, nb.get_num_threads())
-            if rt is not None:
-                rates = _parallel_run() if n > 1 else _serial_run()
-                rates(rt.code, rt.consts, u, f, p, t, h, cix, R, L, rt.nreg, 0, 0, L, _NO_SLOTS)
+            if rt is not None:          # on this thread: a parallel region's spin-wait costs more
+                _serial_run()(rt.code, rt.consts, u, f, p, t, h, cix, R, L, rt.nreg, 0, 0, L, _NO_SLOTS)
             return split(u, f, p, t, h, cix, out, n) if n > 1 else one(u, f, p, t, h, cix, out)
         return call
 
@@ -181,7 +181,7 @@ _NO_SLOTS = np.zeros(0, np.int64)
 _NO_SLOTS.setflags(write=False)
 _NO_ROWS = np.zeros(1)
 _NO_ROWS.setflags(write=False)
-_RUN: dict = {}                 # the interpreter's serial twin / parallel copy, made on first use
+_RUN: dict = {}                 # the interpreter's serial twin, made on first use
 #: Fewest lanes per part of a split call (:meth:`PolyRoute.bind`): below
 #: this a thread's start-up costs more than its chunks.
 LANES_PER_PART = 512
@@ -193,12 +193,6 @@ def _serial_run():
     if True not in _RUN:
         _RUN[True] = serial_twin(run_tape)
     return _RUN[True]
-
-
-def _parallel_run():
-    if False not in _RUN:
-        _RUN[False] = parallel_copy(run_tape)
-    return _RUN[False]
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
