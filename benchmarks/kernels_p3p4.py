@@ -63,7 +63,7 @@ def _load() -> list:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def interleaved(fns: dict, calls: int, rounds: int = 5, warm: int = 2) -> dict:
+def interleaved(fns: dict, calls: int, rounds: int = 8, warm: int = 2) -> dict:
     """name → {"median", "min"} CPU seconds per call over ``calls`` timed calls
     of each, taken in ``rounds`` interleaved passes after ``warm`` warm-up calls."""
     for fn in fns.values():
