@@ -391,7 +391,10 @@ def run_tape(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots):
     nch = (C + CHUNK - 1) // CHUNK
     bad = np.zeros(nch, dtype=np.int64)          # per work item (no parfor reduction)
     for ch in nb.prange(nch):
-        bad[ch] = _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, ch)
+        # ch as int64: a prange index is uint64, the serial twin's int64, and
+        # each type compiled its own _run_chunk (~10 s of CPU when a process
+        # runs both interpreters)
+        bad[ch] = _run_chunk(code, consts, u, f, p, t, h, cix, out, L, nreg, W, P, C, zslots, nb.int64(ch))
     return bad.sum()
 
 
