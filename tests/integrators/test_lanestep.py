@@ -78,10 +78,13 @@ def test_lu_matches_numpy(dtype, tol, seed):
     M, A, b = _random_system(lu, L, dtype, seed)
     x_ref = np.linalg.solve(M.astype(np.float64), b.reshape(12, L).T.astype(np.float64)[..., None])[..., 0]
     lu.factor(A, L)
-    # The slots hold unit-lower L and U: their product is M, lane by lane.
+    # The slots hold unit-lower L and U, U's diagonal as its reciprocal:
+    # their product is M, lane by lane.
     LU = np.zeros((L, 12, 12))
     for q, (r, c) in enumerate(pattern):
         LU[:, r, c] = A[q * L:(q + 1) * L]
+    k = np.arange(12)
+    LU[:, k, k] = 1.0 / LU[:, k, k].astype(np.float64)
     Lo = np.tril(LU, -1) + np.eye(12)
     Up = np.triu(LU)
     np.testing.assert_allclose(Lo @ Up, M, rtol=0, atol=tol * 40)

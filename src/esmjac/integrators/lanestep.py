@@ -728,7 +728,7 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
             do = base + piv[r] * WA
             d = Wm[do:do + mt]
             for l in range(mt):
-                bt[l] = bt[l] / d[l]
+                bt[l] = bt[l] * d[l]
         if comb:
             so = perm[r] * m
             vset(nout, so, Y, so, nv)

@@ -25,6 +25,14 @@ for the step sizes that matter; pivoting would make the pattern data
 dependent and forbid the precomputed op lists. A zero (or NaN) pivot is
 therefore reported, never silently turned into ``inf``.
 
+Factored storage: the off-diagonal slots hold the unit-lower ``L`` and the
+strict upper ``U``; each diagonal slot holds the *reciprocal* pivot
+``1/u_kk`` (one division per pivot per lane, at the end of the
+factorisation), so every triangular solve multiplies instead of dividing
+(``x·(1/u)`` may differ from ``x/u`` in the last place; the multipliers
+``l_ik = a_ik / u_kk`` are still true divisions). A zero pivot is stored as
+``inf`` (and reported), a NaN stays NaN.
+
 Parallelism and determinism: lanes are cut into fixed-size chunks
 (independent of the thread count) and ``prange`` runs over chunks. Each lane
 sees the same sequence of floating-point operations whichever thread takes
@@ -108,8 +116,8 @@ def _vstore(builder, v, ptr, align):
 @intrinsic
 def rowdot(typingctx, x, xo, A, ab, slot, col, p0, p1, b, m, c0, do):
     """``x[xo:xo+VEC] -= A[ab+slot[p]*VEC : +VEC] * b[col[p]*m+c0 : +VEC]``
-    for ``p`` in ``p0 .. p1-1`` in order, then ``/= A[ab+do*VEC : +VEC]`` when
-    ``do >= 0``; the row is held in registers and stored once. Products
+    for ``p`` in ``p0 .. p1-1`` in order, then ``*= A[ab+do*VEC : +VEC]`` (the
+    stored reciprocal pivot) when ``do >= 0``; the row is held in registers and stored once. Products
     and differences in ``x``'s type (``A`` widened exactly when narrower).
     One row of a triangular solve over one tile of ``VEC`` lanes."""
     sig = types.void(x, xo, A, ab, slot, col, p0, p1, b, m, c0, do)
@@ -143,7 +151,7 @@ def rowdot(typingctx, x, xo, A, ab, slot, col, p0, p1, b, m, c0, do):
                 dv = _vload(builder, dp, aa)
                 if widen:
                     dv = builder.fpext(dv, vx)
-                _vstore(builder, builder.fdiv(r, dv), xp, ax)
+                _vstore(builder, builder.fmul(r, dv), xp, ax)
             with otherwise:
                 _vstore(builder, r, xp, ax)
         return context.get_dummy_value()
@@ -266,7 +274,8 @@ def vaxpy(typingctx, o, oo, c, co, x, xo, nv):
 @intrinsic
 def rowscatter(typingctx, b, io, A, ab, slot, col, p0, p1, m, c0, do):
     """One column of a transposed triangular solve over one tile of VEC
-    lanes: ``x = b[io:io+VEC]`` (``/= A[ab+do*VEC : +VEC]`` and stored when
+    lanes: ``x = b[io:io+VEC]`` (``*= A[ab+do*VEC : +VEC]``, the reciprocal
+    pivot, and stored when
     ``do >= 0``), then ``b[col[p]*m+c0 : +VEC] -= A[ab+slot[p]*VEC : +VEC] * x``
     for ``p`` in ``p0 .. p1-1`` in order (``x`` held in registers; ``A``
     widened exactly when narrower than ``b``)."""
@@ -287,7 +296,7 @@ def rowscatter(typingctx, b, io, A, ab, slot, col, p0, p1, m, c0, do):
             dv = _vload(builder, _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(do_, i64(V))), va), aa)
             if widen:
                 dv = builder.fpext(dv, vb)
-            q = builder.fdiv(builder.load(xs), dv)
+            q = builder.fmul(builder.load(xs), dv)
             _vstore(builder, q, bp, al)
             builder.store(q, xs)
         x = builder.load(xs)
@@ -319,7 +328,8 @@ def _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
     ``W`` = the lane count that is the untiled ``q*L + l``. ``bad[l0 + l]``
     receives the first elimination row whose pivot is zero or NaN, else -1.
     The ops run row by row (see :class:`SparseLaneLU`): multiplier ``p`` is
-    ``a_ik /= u_kk`` (``mul_slot[p]``, ``mul_piv[p]``), then its updates.
+    ``a_ik /= u_kk`` (``mul_slot[p]``, ``mul_piv[p]``), then its updates;
+    last, each pivot slot takes ``1/u_kk`` (see the module docstring).
     """
     n = piv_slot.shape[0]
     base = (l0 // W) * nnz * W + l0 % W
@@ -355,6 +365,7 @@ def _factor_block(A, nnz, W, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
             v = ap[l]
             if v == 0.0 or v != v:
                 bl[l] = k
+            ap[l] = 1.0 / v                     # the solves multiply by 1/u_kk
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -386,7 +397,7 @@ def _solve_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
         do = base + piv_slot[i] * W
         d = A[do:do + m]
         for l in range(m):
-            bi[l] = bi[l] / d[l]
+            bi[l] = bi[l] * d[l]
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -423,7 +434,7 @@ def _solve_t_block(A, b, nnz, L, W, l0, m, piv_slot, fwd_ptr, fwd_slot, fwd_col,
         do = base + piv_slot[i] * W
         d = A[do:do + m]
         for l in range(m):
-            bi[l] = bi[l] / d[l]
+            bi[l] = bi[l] * d[l]
         for p in range(bwd_ptr[i], bwd_ptr[i + 1]):
             so = base + bwd_slot[p] * W
             jo = bwd_col[p] * L + l0
@@ -511,6 +522,7 @@ def _factor_group(A, nnz, L, W, t0, t1, piv_slot, mul_piv, mul_slot, upd_ptr,
                 v = ap[l]
                 if v == 0.0 or v != v:
                     bl[l] = k
+                ap[l] = 1.0 / v                 # the solves multiply by 1/u_kk
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -564,7 +576,7 @@ def _solve_group(A, b, nnz, L, W, t0, t1, piv_slot, fwd_ptr, fwd_slot, fwd_col,
             d = A[t * TS + do:t * TS + do + m]
             bi = b[i * L + l0:i * L + l0 + m]
             for l in range(m):
-                bi[l] = bi[l] / d[l]
+                bi[l] = bi[l] * d[l]
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -701,6 +713,7 @@ def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv
             v = ap[k]
             if v == 0.0 or v != v:
                 bl[k] = i
+            ap[k] = 1.0 / v                     # the solves multiply by 1/u_kk
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
