@@ -1,7 +1,8 @@
 """A taped body on the mass-action kernel (esmjac.compile.polyroute): the cut
 at the state, the rate rows, chunked evaluation into a tiled plan's slots.
 
-Oracles: the tape interpreter on the same body (run_tape, a separate kernel
+Oracles: the tape interpreter on the same body (run_tape's serial twin, the
+interpreter the engine and the route run on one thread: a separate kernel
 whose values tests/runtime checks against the reference assembly) to a
 stated rounding — 1e-13 of the sum of the terms' magnitudes, computed by
 the route itself with |coefficients| on |inputs| — with the NaN/inf pattern
@@ -20,6 +21,7 @@ from esmjac.compile.massaction import PolyBody
 from esmjac.compile.polyroute import PolyRoute, cut
 from esmjac.compile.ssa import Block
 from esmjac.compile.tape import encode, run_tape
+from esmjac.compile.twins import serial_twin
 from esmjac.errors import JacError
 from esmjac.layouts.types import LaneSparseBlocks, untile
 
@@ -62,6 +64,7 @@ def _tape(kind: str = "mass"):
 
 P = 10
 ZS = np.array([0, 9], np.int64)
+ZS.setflags(write=False)          # read-only, as a plan's zero slots: the kernels' usual specialisation
 
 
 def _point(L, seed=0):
@@ -77,7 +80,8 @@ def _cap(L):
 
 def _tape_out(tape, u, f, p, h, L, t=5.0):
     out = np.full(P * _cap(L), np.nan)
-    run_tape(tape.code, tape.consts, u, f, p, t, h, np.zeros(1, np.int64), out, L, tape.nreg, W, P, _cap(L), ZS)
+    run = serial_twin(run_tape)
+    run(tape.code, tape.consts, u, f, p, t, h, np.zeros(1, np.int64), out, L, tape.nreg, W, P, _cap(L), ZS)
     return out
 
 
@@ -91,8 +95,8 @@ def _scale(rt, u, f, p, h, L, t=5.0):
     """Σ|terms| per slot: the route's monomials with |coefficients| on
     |inputs| and its own rate rows (also |.|)."""
     R = np.zeros(max(rt.rows, 1) * L)
-    run_tape(rt.rates.code, rt.rates.consts, u, f, p, t, h, np.zeros(1, np.int64), R, L, rt.rates.nreg, 0, 0, L,
-             NO_SLOTS)
+    run = serial_twin(run_tape)
+    run(rt.rates.code, rt.rates.consts, u, f, p, t, h, np.zeros(1, np.int64), R, L, rt.rates.nreg, 0, 0, L, NO_SLOTS)
     fz = np.concatenate([f[:rt.n_forcing * L], R[:rt.rows * L]])
     b = rt.body
     a = np.abs(b.ocoef)
