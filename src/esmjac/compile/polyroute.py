@@ -326,8 +326,11 @@ def _drive(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, R, src, nf, h, 
                 for j in range(mu):
                     fc[a + j] = R[b + j]
         n = (cm // W) * P * W
+        # BLOCK as a runtime int64, as the leaf passes it from Python: the
+        # global itself would be typed Literal[int](16), a specialisation of
+        # run_poly of its own (≈ 17 s of cold compile) no other caller shares
         run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, uc[:n_u * m], fc[:nr * m], h, p, ob[:n], m, W, P,
-                 cm, zslots, BLOCK, sc)
+                 cm, zslots, np.int64(BLOCK), sc)
         bad += _copy_check(out, (l0 // W) * P * W, ob, n)
     _sfence()
     return bad
