@@ -26,6 +26,11 @@ ALLOWED = {
     ("compile/cache.py", "_cache_path"): "Numba cache internals",
     ("compile/cache.py", "_index_path"): "Numba cache internals",
     ("compile/cache.py", "_index_name"): "Numba cache internals",
+    # keying a cached kernel by the files of what it links in: Numba keeps a
+    # dispatcher's cache object and an intrinsic's definition only privately
+    # (compile/jitkeys.key_by_callees, _closure)
+    ("compile/jitkeys.py", "_cache"): "Numba dispatcher internals",
+    ("compile/jitkeys.py", "_defn"): "Numba intrinsic internals",
 }
 
 

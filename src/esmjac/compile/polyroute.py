@@ -185,7 +185,7 @@ _RUN: dict = {}                 # the interpreter's serial twin, made on first u
 #: Fewest lanes per part of a split call (:meth:`PolyRoute.bind`): below
 #: this a thread's start-up costs more than its chunks.
 LANES_PER_PART = 512
-_POOL: list = []
+_POOL: list = []                # [(the pool, its number of workers)]
 _POOL_LOCK = threading.Lock()
 
 
@@ -199,12 +199,13 @@ def _pool(n: int) -> ThreadPoolExecutor:
     """The route's worker threads (at least ``n``): made on first use and
     kept; a wider one replaces a narrower one (which finishes its work)."""
     with _POOL_LOCK:
-        if not _POOL or _POOL[0]._max_workers < n:
+        if not _POOL or _POOL[0][1] < n:
             old = _POOL[:]
-            _POOL[:] = [ThreadPoolExecutor(max_workers=max(n, 1), thread_name_prefix="esmjac-route")]
-            for o in old:
+            w = max(n, 1)
+            _POOL[:] = [(ThreadPoolExecutor(max_workers=w, thread_name_prefix="esmjac-route"), w)]
+            for o, _ in old:
                 o.shutdown(wait=False)
-        return _POOL[0]
+        return _POOL[0][0]
 
 
 #: Doubles per non-temporal store of :func:`_copy_check` (one 64-byte line).
