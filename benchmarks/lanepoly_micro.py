@@ -33,14 +33,44 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent)) if __name__ == "__main__" else None  # noqa: E702
 
 
-def main(argv=None):
-    from realworkload import DEFAULT_MECH, box_doc, cell_parameters, conditions, lifted
+def hoisted_inputs(doc, L: int):
+    """The leaf's hoisted bodies on ``L`` lanes of the benchmark's conditions,
+    as the leaf binds them (:mod:`esmjac.integrators.bound`): ``(leaf, hoist,
+    direct Jacobian tape, u, fz, hr, hj, cix)`` with the forcing and rate rows
+    in ``fz`` and the prologues' values in ``hr``/``hj``; None when nothing is
+    hoisted. Shared with ``poly_counts.py``."""
+    from realworkload import cell_parameters, conditions, lifted
 
     from esmjac.adapters.native import rosenbrock
     from esmjac.compile.engine import NO_SLOTS, run_tapes
     from esmjac.compile.tape import run_tape
     from esmjac.compile.twins import serial_twin
     from esmjac.integrators.bound import lane_hoist
+    leaf = rosenbrock(lifted(doc, 1), rtol=1e-3, threads=1, options={"progress": False})
+    hz = lane_hoist(leaf, leaf.plan)
+    if hz is None:
+        return None
+    F, U, _ = conditions(doc, cell_parameters(doc), L)
+    u = np.ascontiguousarray(U.reshape(-1))
+    rhs, jac = leaf.rhs_program, leaf.jac_program
+    run = serial_twin(run_tape)
+    nfu = len(rhs.forcing_names)
+    fz = np.zeros((nfu + hz.rows) * L)
+    fz[:nfu * L] = F.reshape(-1)
+    cix = np.zeros(1, np.int64)
+    ft = jac.direct_tape(leaf.plan)
+    hr, hj = np.zeros(max(rhs.kernel.n_hoist, 1)), np.zeros(max(jac.kernel.n_hoist, 1))
+    for pro, cut, h in ((rhs.kernel.tapes[0], hz.rhs, hr), (ft.prologue, hz.jac, hj)):
+        if cut.prologue is not None:
+            run_tapes(run, (pro, cut.prologue), fz, fz, leaf.p, 0.0, h, cix, fz, L)
+        run(pro.code, pro.consts, u, fz, leaf.p, 0.0, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    return leaf, hz, ft, u, fz, hr, hj, cix
+
+
+def main(argv=None):
+    from realworkload import DEFAULT_MECH, box_doc
+
+    from esmjac.compile.engine import NO_SLOTS
     from esmjac.compile.polyroute import tape_ssa as _ssa
     from esmjac.compile.massaction import BLOCK, UNTILED_BLOCK, PolyBody, expand, run_poly, scratch_size
     from esmjac.integrators.lanetape import run_fused
@@ -57,27 +87,12 @@ def main(argv=None):
         print(f"lanepoly_micro: skipped — no mechanism at {a.mech}", file=sys.stderr)
         return 0
     doc = box_doc(a.mech)
-    leaf = rosenbrock(lifted(doc, 1), rtol=1e-3, threads=1, options={"progress": False})
-    hz = lane_hoist(leaf, leaf.plan)
-    if hz is None:
+    L = a.lanes
+    got = hoisted_inputs(doc, L)
+    if got is None:
         print("lanepoly_micro: the leaf's programs are not taped (nothing hoisted)", file=sys.stderr)
         return 1
-    L = a.lanes
-    F, U, _ = conditions(doc, cell_parameters(doc), L)
-    u = np.ascontiguousarray(U.reshape(-1))
-    rhs, jac = leaf.rhs_program, leaf.jac_program
-    run = serial_twin(run_tape)
-    nfu = len(rhs.forcing_names)
-    fz = np.zeros((nfu + hz.rows) * L)
-    fz[:nfu * L] = F.reshape(-1)
-    cix = np.zeros(1, np.int64)
-    ft = jac.direct_tape(leaf.plan)
-    rpro, jpro = rhs.kernel.tapes[0], ft.prologue
-    hr, hj = np.zeros(max(rhs.kernel.n_hoist, 1)), np.zeros(max(jac.kernel.n_hoist, 1))
-    for pro, cut, h in ((rpro, hz.rhs, hr), (jpro, hz.jac, hj)):
-        if cut.prologue is not None:
-            run_tapes(run, (pro, cut.prologue), fz, fz, leaf.p, 0.0, h, cix, fz, L)
-        run(pro.code, pro.consts, u, fz, leaf.p, 0.0, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    leaf, hz, ft, u, fz, hr, hj, cix = got
     res = {"mech": a.mech, "lanes": L, "calls": a.calls, "load_start": round(os.getloadavg()[0], 2)}
     P, W, C = int(leaf.plan.info["slots_per_lane"]), leaf.plan.tile_width(L), leaf.plan.capacity(L)
     zs = ft.zero_slots

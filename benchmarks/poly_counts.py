@@ -42,34 +42,15 @@ ARRAYS = ("fptr", "fkind", "fidx", "optr", "omono", "ocoef", "targets")
 
 def _inputs(mech: str, L: int, path: Path) -> None:
     """The leaf's hoisted bodies and inputs on ``L`` lanes, saved to ``path``."""
-    from realworkload import box_doc, cell_parameters, conditions, lifted
+    from lanepoly_micro import hoisted_inputs
+    from realworkload import box_doc
 
-    from esmjac.adapters.native import rosenbrock
-    from esmjac.compile.engine import NO_SLOTS, run_tapes
     from esmjac.compile.massaction import expand
     from esmjac.compile.polyroute import tape_ssa
-    from esmjac.compile.tape import run_tape
-    from esmjac.compile.twins import serial_twin
-    from esmjac.integrators.bound import lane_hoist
-    doc = box_doc(mech)
-    leaf = rosenbrock(lifted(doc, 1), rtol=1e-3, threads=1, options={"progress": False})
-    hz = lane_hoist(leaf, leaf.plan)
-    if hz is None:
+    got = hoisted_inputs(box_doc(mech), L)
+    if got is None:
         raise SystemExit("poly_counts: the leaf's programs are not taped (nothing hoisted)")
-    F, U, _ = conditions(doc, cell_parameters(doc), L)
-    u = np.ascontiguousarray(U.reshape(-1))
-    rhs, jac = leaf.rhs_program, leaf.jac_program
-    run = serial_twin(run_tape)
-    nfu = len(rhs.forcing_names)
-    fz = np.zeros((nfu + hz.rows) * L)
-    fz[:nfu * L] = F.reshape(-1)
-    cix = np.zeros(1, np.int64)
-    ft = jac.direct_tape(leaf.plan)
-    hr, hj = np.zeros(max(rhs.kernel.n_hoist, 1)), np.zeros(max(jac.kernel.n_hoist, 1))
-    for pro, cut, h in ((rhs.kernel.tapes[0], hz.rhs, hr), (ft.prologue, hz.jac, hj)):
-        if cut.prologue is not None:
-            run_tapes(run, (pro, cut.prologue), fz, fz, leaf.p, 0.0, h, cix, fz, L)
-        run(pro.code, pro.consts, u, fz, leaf.p, 0.0, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    leaf, hz, ft, u, fz, hr, hj, _ = got
     d = dict(u=u, fz=fz, hr=hr, hj=hj, p=leaf.p, L=L, P=int(leaf.plan.info["slots_per_lane"]),
              W=int(leaf.plan.tile_width(L)), C=int(leaf.plan.capacity(L)), zs=ft.zero_slots)
     for name, cut in (("r", hz.rhs), ("j", hz.jac)):
