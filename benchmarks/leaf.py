@@ -404,7 +404,7 @@ def _bound_calls(st, call):
     _, m, y, fz, cix, hs = call
     lu, tab = st.lu, st.tab
     W = m if st.tile is None else st.tile
-    WA = lu_tile(m)
+    WA = lu_tile(m, st.Wm.dtype)          # the leaf's own tile for its factor dtype
     return [("rhs", lambda: st.rhs(y, fz, cix, m, st.F0)),
             ("jac", lambda: st.jac(y, fz, cix, m, st.J)),
             ("lu", lambda: factor_shifted_rows(st.J, W, st.Wm, WA, hs, tab.gamma, lu.nnz, m, CHUNK,
@@ -430,7 +430,7 @@ def _verify_bound(steppers_t, steppers_u, calls):
     from esmjac.linalg.sparse_lu import CHUNK, solve_lanes
     perm = st_t.perm                    # stage vectors are in the LU's (permuted) order
     b = np.ascontiguousarray(st_t.F0[:n * m].reshape(n, m)[perm].reshape(-1))
-    solve_lanes(st_t.Wm, b, nnz, m, lu_tile(m), CHUNK, *st_t.sops)
+    solve_lanes(st_t.Wm, b, nnz, m, lu_tile(m, st_t.Wm.dtype), CHUNK, *st_t.sops)
     rows = np.array([rc[0] for rc in lu.pattern])
     cols = np.array([rc[1] for rc in lu.pattern])
     for l in np.linspace(0, m - 1, min(m, 8)).round().astype(int):
