@@ -581,12 +581,14 @@ def test_iteration_matrix_formed_in_place_keeps_the_bits_and_the_singular_status
 
 
 @pytest.mark.parametrize("m, dtype, gdt", [(37, np.float64, 0.0), (300, np.float64, 0.25), (64, np.float32, 0.0),
-                                           (10, np.float64, 0.0)])
+                                           (10, np.float64, 0.0), (48, np.float64, 0.25)])
 def test_stage_solve_in_one_pass_per_direction_gives_the_separate_passes_bits(m, dtype, gdt):
     # the leaf's stage call forms each row's right-hand side inside the forward
     # substitution and each row of the next combination inside the backward
-    # one, each row's substitution tile by tile (lu_tile: whole 16-lane tiles
-    # through sparse_lu.rowdot, a partial last tile through the loops);
+    # one (sparse_lu.vlin over whole groups of 16 lanes, loops for the rest),
+    # each row's substitution tile by tile (lu_tile: pairs of whole float64
+    # 16-lane tiles through sparse_lu.rowdot2, a whole tile left over (48) and
+    # float32's 32-lane tiles through rowdot, a partial last tile through the loops);
     # oracle (bitwise): stage_rhs, then solve_lanes, then combine — the
     # separate kernels the sensitivity replays use — on the same inputs, over
     # Rodas3's four stages, the oracle's matrix in one tile of m lanes (the

@@ -62,8 +62,8 @@ import numpy as np
 
 from ..compile.jitkeys import key_by_callees
 from ..errors import JacError
-from ..linalg.sparse_lu import (CHUNK, VEC, SparseLaneLU, factor_shifted_rows, rowdot, tiled_size, vaxpy,
-                                vec_lanes, vset)
+from ..linalg.sparse_lu import (CHUNK, VEC, SparseLaneLU, factor_shifted_rows, rowdot, rowdot2, tiled_size,
+                                vec_lanes, vlin)
 
 __all__ = ["STATUS", "LaneStepper", "RUNNING", "lu_tile", "gather", "assemble_w", "combine",
            "stage_rhs", "nonzero_terms"]
@@ -660,7 +660,12 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
     lanes, the row's substitution tile by tile of ``WA`` lanes in between
     (a whole vector tile, :func:`~esmjac.linalg.sparse_lu.vec_lanes` lanes, as one
     :func:`~esmjac.linalg.sparse_lu.rowdot`: the row held in registers
-    across its ops). Every value sees the operations of :func:`_stage_rhs`,
+    across its ops; two whole float64 tiles as one
+    :func:`~esmjac.linalg.sparse_lu.rowdot2`, which reads each op's slot and
+    column once for both). A row's right-hand side and combination are each
+    one :func:`~esmjac.linalg.sparse_lu.vlin` over the whole groups of VEC
+    lanes (the sum held in registers, stored once), indexed loops for the
+    rest. Every value sees the operations of :func:`_stage_rhs`,
     the triangular solves and :func:`_combine` in the same order (the same
     bits): a row's forward step reads only rows already substituted, the
     combination only rows already solved, and ``nout`` is neither ``F`` nor
@@ -677,29 +682,31 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
     nv = m // VEC                               # whole groups of VEC lanes: vector ops, then the rest
     mv = nv * VEC
     vw = VEC * 8 // Wm.itemsize                 # a whole vector tile of the matrix (vec_lanes)
+    pair = vw == VEC                            # float64 tiles: two per call (rowdot2; float32's would spill)
     for r in range(n):
-        bi = Ki[r * m:r * m + m]
+        ro = r * m
         so = perm[r] * m
-        vset(Ki, r * m, F, so, nv)
-        fs = F[so + mv:so + m]
-        br = Ki[r * m + mv:r * m + m]
-        for l in range(m - mv):
-            br[l] = fs[l]
-        for p in range(P):
-            vaxpy(Ki, r * m, ch, p * m, K[cidx[p]], r * m, nv)
-            kj = K[cidx[p], r * m + mv:r * m + m]
-            c = ch[p * m + mv:p * m + m]
-            for l in range(m - mv):
-                br[l] += c[l] * kj[l]
+        vlin(Ki, ro, F, so, K, cidx, ro, ch, m, 0, nv)      # F + Σ c_p/h K[cidx_p], in registers
+        for l in range(mv, m):                  # the rest, indexed (a slice per row costs more)
+            v = F[so + l]
+            for p in range(P):
+                v += ch[p * m + l] * K[cidx[p], ro + l]
+            Ki[ro + l] = v
         if gdt != 0.0:
-            ds = dfdt[so:so + m]
             for l in range(m):
-                bi[l] += (gdt * hs[l]) * ds[l]
-        for l0 in range(0, m, WA):
+                Ki[ro + l] += (gdt * hs[l]) * dfdt[so + l]
+        l0 = 0
+        while l0 < m:
             mt = min(WA, m - l0)
             base = (l0 // WA) * nnz * WA
             if mt == vw and WA == vw:
+                if pair and m - l0 >= 2 * WA:   # two whole float64 tiles: one rowdot2
+                    rowdot2(Ki, r * m + l0, Wm, base, nnz * WA, fwd_slot, fwd_col, fwd_ptr[r], fwd_ptr[r + 1], Ki,
+                            m, l0, -1)
+                    l0 += 2 * WA
+                    continue
                 rowdot(Ki, r * m + l0, Wm, base, fwd_slot, fwd_col, fwd_ptr[r], fwd_ptr[r + 1], Ki, m, l0, -1)
+                l0 += WA
                 continue
             bt = Ki[r * m + l0:r * m + l0 + mt]
             for q in range(fwd_ptr[r], fwd_ptr[r + 1]):
@@ -709,13 +716,21 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
                 bj = Ki[jo:jo + mt]
                 for l in range(mt):
                     bt[l] -= a[l] * bj[l]
+            l0 += WA
     for r in range(n - 1, -1, -1):
-        for l0 in range(0, m, WA):
+        l0 = 0
+        while l0 < m:
             mt = min(WA, m - l0)
             base = (l0 // WA) * nnz * WA
             if mt == vw and WA == vw:
+                if pair and m - l0 >= 2 * WA:
+                    rowdot2(Ki, r * m + l0, Wm, base, nnz * WA, bwd_slot, bwd_col, bwd_ptr[r], bwd_ptr[r + 1], Ki,
+                            m, l0, piv[r])
+                    l0 += 2 * WA
+                    continue
                 rowdot(Ki, r * m + l0, Wm, base, bwd_slot, bwd_col, bwd_ptr[r], bwd_ptr[r + 1], Ki, m, l0,
                        piv[r])
+                l0 += WA
                 continue
             bt = Ki[r * m + l0:r * m + l0 + mt]
             for q in range(bwd_ptr[r], bwd_ptr[r + 1]):
@@ -729,19 +744,15 @@ def _stage_solve(F, K, i, cidx, cval, hs, gdt, dfdt, perm, m, ch, Wm, nnz, WA,
             d = Wm[do:do + mt]
             for l in range(mt):
                 bt[l] = bt[l] * d[l]
+            l0 += WA
         if comb:
             so = perm[r] * m
-            vset(nout, so, Y, so, nv)
-            o = nout[so + mv:so + m]
-            y = Y[so + mv:so + m]
-            for l in range(m - mv):
-                o[l] = y[l]
-            for p in range(Q):
-                v = nval[p]
-                vaxpy(nout, so, v, 0, K[nidx[p]], r * m, nv)
-                kj = K[nidx[p], r * m + mv:r * m + m]
-                for l in range(m - mv):
-                    o[l] += v * kj[l]
+            vlin(nout, so, Y, so, K, nidx, r * m, nval, 0, 0, nv)   # Y + Σ nval_p K[nidx_p]
+            for l in range(mv, m):
+                v = Y[so + l]
+                for p in range(Q):
+                    v += nval[p] * K[nidx[p], r * m + l]
+                nout[so + l] = v
 
 
 #: Byte alignment of the stepper's scratch (:func:`_buf`): a cache line.

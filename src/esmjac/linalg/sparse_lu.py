@@ -56,7 +56,7 @@ from numba.extending import intrinsic
 from ..errors import JacError
 
 __all__ = ["SparseLaneLU", "CHUNK", "VEC", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
-           "rowdot", "solve_lanes", "vaxpy", "vec_lanes", "vset",
+           "rowdot", "rowdot2", "solve_lanes", "vaxpy", "vec_lanes", "vlin", "vset",
            "solve_transpose_lanes", "tiled_size"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
@@ -113,6 +113,59 @@ def _vstore(builder, v, ptr, align):
     builder.store(v, ptr).align = align
 
 
+def _rowdot_codegen(nt):
+    """Codegen of :func:`rowdot` (``nt = 1``) and :func:`rowdot2` (``nt = 2``:
+    the tiles at ``ab`` and ``ab + ts``, lanes ``c0`` and ``c0 + V``, one
+    accumulator each, the op lists read once for both)."""
+    def codegen(context, builder, signature, args):
+        if nt == 1:
+            xt, _, At, _, st, ct, _, _, bt, _, _, _ = signature.args
+            x_, xo_, A_, ab_, s_, c_, p0_, p1_, b_, m_, c0_, do_ = args
+        else:
+            xt, _, At, _, _, st, ct, _, _, bt, _, _, _ = signature.args
+            x_, xo_, A_, ab_, ts_, s_, c_, p0_, p1_, b_, m_, c0_, do_ = args
+        i64 = ir.IntType(64)
+        V = _vw(At)
+        ex, ea = context.get_value_type(xt.dtype), context.get_value_type(At.dtype)
+        vx, va = ir.VectorType(ex, V), ir.VectorType(ea, V)
+        ax, aa = xt.dtype.bitwidth // 8, At.dtype.bitwidth // 8
+        widen = xt.dtype != At.dtype
+        abs_ = [ab_] if nt == 1 else [ab_, builder.add(ab_, ts_)]
+        xps, accs = [], []
+        for t in range(nt):
+            xp = _vptr(context, builder, xt, x_, xo_ if t == 0 else builder.add(xo_, i64(t * V)), vx)
+            acc = cgutils.alloca_once(builder, vx)
+            builder.store(_vload(builder, xp, ax), acc)
+            xps.append(xp)
+            accs.append(acc)
+        sd = context.make_array(st)(context, builder, s_).data
+        cd = context.make_array(ct)(context, builder, c_).data
+        with cgutils.for_range_slice(builder, p0_, p1_, i64(1), inc=True) as (p, _):
+            so = builder.mul(builder.load(builder.gep(sd, [p])), i64(V))
+            jo = builder.add(builder.mul(builder.load(builder.gep(cd, [p])), m_), c0_)
+            for t in range(nt):
+                a = _vload(builder, _vptr(context, builder, At, A_, builder.add(abs_[t], so), va), aa)
+                if widen:
+                    a = builder.fpext(a, vx)
+                bv = _vload(builder, _vptr(context, builder, bt, b_, jo if t == 0 else builder.add(jo, i64(t * V)),
+                                           vx), ax)
+                builder.store(builder.fsub(builder.load(accs[t]), builder.fmul(a, bv)), accs[t])
+        rs = [builder.load(acc) for acc in accs]
+        with builder.if_else(builder.icmp_signed(">=", do_, i64(0))) as (then, otherwise):
+            with then:
+                dof = builder.mul(do_, i64(V))
+                for t in range(nt):
+                    dv = _vload(builder, _vptr(context, builder, At, A_, builder.add(abs_[t], dof), va), aa)
+                    if widen:
+                        dv = builder.fpext(dv, vx)
+                    _vstore(builder, builder.fmul(rs[t], dv), xps[t], ax)
+            with otherwise:
+                for t in range(nt):
+                    _vstore(builder, rs[t], xps[t], ax)
+        return context.get_dummy_value()
+    return codegen
+
+
 @intrinsic
 def rowdot(typingctx, x, xo, A, ab, slot, col, p0, p1, b, m, c0, do):
     """``x[xo:xo+VEC] -= A[ab+slot[p]*VEC : +VEC] * b[col[p]*m+c0 : +VEC]``
@@ -120,42 +173,19 @@ def rowdot(typingctx, x, xo, A, ab, slot, col, p0, p1, b, m, c0, do):
     stored reciprocal pivot) when ``do >= 0``; the row is held in registers and stored once. Products
     and differences in ``x``'s type (``A`` widened exactly when narrower).
     One row of a triangular solve over one tile of ``VEC`` lanes."""
-    sig = types.void(x, xo, A, ab, slot, col, p0, p1, b, m, c0, do)
+    return types.void(x, xo, A, ab, slot, col, p0, p1, b, m, c0, do), _rowdot_codegen(1)
 
-    def codegen(context, builder, signature, args):
-        xt, _, At, _, st, ct, _, _, bt, _, _, _ = signature.args
-        x_, xo_, A_, ab_, s_, c_, p0_, p1_, b_, m_, c0_, do_ = args
-        i64 = ir.IntType(64)
-        V = _vw(At)
-        ex, ea = context.get_value_type(xt.dtype), context.get_value_type(At.dtype)
-        vx, va = ir.VectorType(ex, V), ir.VectorType(ea, V)
-        ax, aa = xt.dtype.bitwidth // 8, At.dtype.bitwidth // 8
-        widen = xt.dtype != At.dtype
-        xp = _vptr(context, builder, xt, x_, xo_, vx)
-        acc = cgutils.alloca_once(builder, vx)
-        builder.store(_vload(builder, xp, ax), acc)
-        sd = context.make_array(st)(context, builder, s_).data
-        cd = context.make_array(ct)(context, builder, c_).data
-        with cgutils.for_range_slice(builder, p0_, p1_, i64(1), inc=True) as (p, _):
-            ao = builder.add(ab_, builder.mul(builder.load(builder.gep(sd, [p])), i64(V)))
-            jo = builder.add(builder.mul(builder.load(builder.gep(cd, [p])), m_), c0_)
-            a = _vload(builder, _vptr(context, builder, At, A_, ao, va), aa)
-            if widen:
-                a = builder.fpext(a, vx)
-            bv = _vload(builder, _vptr(context, builder, bt, b_, jo, vx), ax)
-            builder.store(builder.fsub(builder.load(acc), builder.fmul(a, bv)), acc)
-        r = builder.load(acc)
-        with builder.if_else(builder.icmp_signed(">=", do_, i64(0))) as (then, otherwise):
-            with then:
-                dp = _vptr(context, builder, At, A_, builder.add(ab_, builder.mul(do_, i64(V))), va)
-                dv = _vload(builder, dp, aa)
-                if widen:
-                    dv = builder.fpext(dv, vx)
-                _vstore(builder, builder.fmul(r, dv), xp, ax)
-            with otherwise:
-                _vstore(builder, r, xp, ax)
-        return context.get_dummy_value()
-    return sig, codegen
+
+@intrinsic
+def rowdot2(typingctx, x, xo, A, ab, ts, slot, col, p0, p1, b, m, c0, do):
+    """:func:`rowdot` over two adjacent whole tiles at once: the tile at ``ab``
+    (lanes ``c0 ..``, ``x[xo ..]``) and the one at ``ab + ts`` (lanes
+    ``c0 + V ..``, ``x[xo + V ..]``), ``V`` the tile's lanes. Each op's slot
+    and column are read once for both tiles and the two rows' sums are
+    independent chains (twice the loads in flight); each lane sees the ops
+    of :func:`rowdot` in the same order (the same bits). For float64 tiles
+    (8 accumulator registers of AVX2's 16)."""
+    return types.void(x, xo, A, ab, ts, slot, col, p0, p1, b, m, c0, do), _rowdot_codegen(2)
 
 
 @intrinsic
@@ -267,6 +297,55 @@ def vaxpy(typingctx, o, oo, c, co, x, xo, nv):
             xv = _vload(builder, _vptr(context, builder, xt, x_, builder.add(xo_, k), vt), al)
             _vstore(builder, builder.fadd(_vload(builder, op, al), builder.fmul(cv, xv)), op, al)
         _vec_loop(context, builder, nv_, body)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def vlin(typingctx, o, oo, x, xo, K, kidx, kro, c, cs, co, nv):
+    """``o[oo+l] = x[xo+l] + Σ_p c_p[l] * K[kidx[p], kro+l]`` for ``l < nv*VEC``,
+    the terms in order ``p = 0, 1, …`` (``fmul`` then ``fadd`` each, no
+    contraction: the bits of :func:`vset` followed by one :func:`vaxpy` per
+    term), the sum of each group of VEC lanes held in registers and stored
+    once. ``c_p[l]`` is ``c[p*cs + co + l]`` (per-lane factors) when
+    ``cs > 0``, else the scalar ``c[p]`` for every lane. All float64; ``K``
+    a C-contiguous 2-D array (its rows the stage vectors)."""
+    sig = types.void(o, oo, x, xo, K, kidx, kro, c, cs, co, nv)
+
+    def codegen(context, builder, signature, args):
+        ot, _, xt, _, Kt, kit, _, ct, _, _, _ = signature.args
+        o_, oo_, x_, xo_, K_, ki_, kro_, c_, cs_, co_, nv_ = args
+        i64 = ir.IntType(64)
+        vt = ir.VectorType(context.get_value_type(ot.dtype), VEC)
+        al = ot.dtype.bitwidth // 8
+        Ka = context.make_array(Kt)(context, builder, K_)
+        ncol = cgutils.unpack_tuple(builder, Ka.shape, 2)[1]
+        ka = context.make_array(kit)(context, builder, ki_)
+        P = cgutils.unpack_tuple(builder, ka.shape, 1)[0]
+        cd = context.make_array(ct)(context, builder, c_).data
+        acc = cgutils.alloca_once(builder, vt)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC)
+
+        def group(k, scalar):
+            builder.store(_vload(builder, _vptr(context, builder, xt, x_, builder.add(xo_, k), vt), al), acc)
+            with cgutils.for_range_slice(builder, i64(0), P, i64(1), inc=True) as (p, _):
+                row = builder.load(builder.gep(ka.data, [p]))
+                ko = builder.add(builder.mul(row, ncol), builder.add(kro_, k))
+                kv = _vload(builder, builder.bitcast(builder.gep(Ka.data, [ko]), vt.as_pointer()), al)
+                if scalar:
+                    cv = builder.insert_element(ir.Constant(vt, ir.Undefined), builder.load(builder.gep(cd, [p])),
+                                                ir.IntType(32)(0))
+                    cv = builder.shuffle_vector(cv, ir.Constant(vt, ir.Undefined), zeros)
+                else:
+                    cp = builder.gep(cd, [builder.add(builder.mul(p, cs_), builder.add(co_, k))])
+                    cv = _vload(builder, builder.bitcast(cp, vt.as_pointer()), al)
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(cv, kv)), acc)
+            _vstore(builder, builder.load(acc), _vptr(context, builder, ot, o_, builder.add(oo_, k), vt), al)
+        with builder.if_else(builder.icmp_signed("==", cs_, i64(0))) as (then, otherwise):
+            with then:
+                _vec_loop(context, builder, nv_, lambda k: group(k, True))
+            with otherwise:
+                _vec_loop(context, builder, nv_, lambda k: group(k, False))
         return context.get_dummy_value()
     return sig, codegen
 
