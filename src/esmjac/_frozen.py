@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FrozenMap", "readonly", "frozen_arrays"]
+__all__ = ["FrozenMap", "readonly", "ro", "frozen_arrays"]
 
 
 class FrozenMap(Mapping):
@@ -54,6 +54,16 @@ def readonly(a: np.ndarray) -> np.ndarray:
     v = np.asarray(a).view()
     v.setflags(write=False)
     return v
+
+
+def ro(a: np.ndarray) -> np.ndarray:
+    """``a`` itself when it is read-only, else a read-only view: the one
+    flavour compiled kernels take their input arrays in. Numba compiles a
+    separate specialization per writability (of the kernel and of every
+    jitted function it calls), so inputs passed as they come — a
+    program's read-only ``p0`` in one call, a caller's writable array in
+    the next — compiled every kernel twice."""
+    return readonly(a) if a.flags.writeable else a
 
 
 def frozen_arrays(d: Mapping[str, Any]) -> FrozenMap:

@@ -14,6 +14,7 @@ import copy
 import numpy as np
 import pytest
 
+from esmjac._frozen import readonly
 from esmjac.compile.engine import ENGINE_OPTIONS, NO_SLOTS, compile_doc
 from esmjac.compile.evaldoc import rhs_doc
 from esmjac.compile.tape import OPS
@@ -65,3 +66,30 @@ def test_reads_cells_is_known_at_generation(engine, indexed):
 
 def test_no_slots_is_read_only():
     assert NO_SLOTS.size == 0 and not NO_SLOTS.flags.writeable
+
+
+def test_generated_chunks_take_their_inputs_in_one_flavour():
+    """Numba compiles a kernel once per writability of each argument: the
+    engine passes the inputs (state, fields, parameters) read-only whatever
+    the caller holds, so a writable call and a read-only one share every
+    compiled chunk. Oracle: the chunks' own signatures (every one with
+    read-only inputs, none added by the second flavour) and the values
+    (the hand-derived right-hand side of chem)."""
+    kern = compile_doc(rhs_doc(load_view(chem(cells=4))), {**ENGINE_OPTIONS, "engine": "codegen"})
+    u = np.array([1.0, 2.0, 0.5, 0.25, 0.5, 1.5, 2.0, 4.0])
+    p = np.array([0.3, 2.0])
+    k1, k2 = p
+    A, B = u[:4], u[4:]
+    want = np.concatenate([-k1 * A + k2 * B * B, k1 * A - 2 * k2 * B * B])
+    h, cix = np.zeros(max(kern.n_hoist, 1)), np.zeros(1, np.int64)
+    fns = [fn for fn, _ in kern.chunk_calls(serial=True)] + [kern.module().prologue]
+    for args in ((u, p, np.zeros(1)), (readonly(u), readonly(p), readonly(np.zeros(1)))):
+        out = np.full(8, np.nan)
+        kern.run(args[0], args[1], 0.0, args[2], out, h, cix, 4, True)
+        np.testing.assert_allclose(out, want, rtol=1e-15)
+        if args[0].flags.writeable:
+            n = [len(fn.signatures) for fn in fns]
+    assert [len(fn.signatures) for fn in fns] == n
+    for fn in fns[:-1]:                 # chunks: (u, f, h, cix, out, L)
+        assert all(not s[0].mutable and not s[1].mutable for s in fn.signatures), fn.signatures
+    assert all(not s[0].mutable for s in fns[-1].signatures)          # prologue(p, t, h)

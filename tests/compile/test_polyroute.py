@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from esmjac._frozen import ro
 from esmjac.compile.engine import NO_SLOTS
 from esmjac.compile.massaction import PolyBody
 from esmjac.compile.polyroute import PolyRoute, cut
@@ -81,7 +82,8 @@ def _cap(L):
 def _tape_out(tape, u, f, p, h, L, t=5.0):
     out = np.full(P * _cap(L), np.nan)
     run = serial_twin(run_tape)
-    run(tape.code, tape.consts, u, f, p, t, h, np.zeros(1, np.int64), out, L, tape.nreg, W, P, _cap(L), ZS)
+    # read-only inputs, as the route passes them: the interpreter's one flavour
+    run(tape.code, tape.consts, ro(u), ro(f), ro(p), t, h, np.zeros(1, np.int64), out, L, tape.nreg, W, P, _cap(L), ZS)
     return out
 
 
@@ -96,7 +98,8 @@ def _scale(rt, u, f, p, h, L, t=5.0):
     |inputs| and its own rate rows (also |.|)."""
     R = np.zeros(max(rt.rows, 1) * L)
     run = serial_twin(run_tape)
-    run(rt.rates.code, rt.rates.consts, u, f, p, t, h, np.zeros(1, np.int64), R, L, rt.rates.nreg, 0, 0, L, NO_SLOTS)
+    run(rt.rates.code, rt.rates.consts, ro(u), ro(f), ro(p), t, h, np.zeros(1, np.int64), R, L, rt.rates.nreg, 0, 0, L,
+        NO_SLOTS)
     fz = np.concatenate([f[:rt.n_forcing * L], R[:rt.rows * L]])
     b = rt.body
     a = np.abs(b.ocoef)
@@ -104,6 +107,32 @@ def _scale(rt, u, f, p, h, L, t=5.0):
     ab = PolyRoute(None, rt.n_forcing + rt.rows, 0, PolyBody(b.fptr, b.fkind, b.fidx, b.optr, b.omono, a, b.targets),
                    rt.src, rt.n_states)
     return _route_out(ab, np.abs(u), np.abs(fz), np.abs(p), np.abs(h), L, t)[0]
+
+
+def test_one_flavour_whatever_the_caller_passes():
+    """Numba compiles a kernel once per writability of each argument (and
+    every jitted function it calls again): the route passes its inputs
+    read-only whatever the caller holds, so writable and read-only calls
+    share _drive, run_poly and the interpreter. Oracles: the dispatchers'
+    signatures (none added by the second flavour; in this process, every
+    signature's input arrays read-only: a call site passing another flavour
+    fails here) and the bits (equal for both flavours)."""
+    from esmjac.compile import polyroute
+    from esmjac.compile.massaction import run_poly
+    rt = cut(_tape())
+    L = 5
+    u, f, h, p = _point(L)
+    ref, _ = _route_out(rt, u, f, p, h, L)
+    kernels = {polyroute._drive: (7, 8, 9, 10, 13, 19),           # u f R src p zslots
+               run_poly: (0, 1, 2, 3, 4, 5, 6, 10, 16),           # the body's arrays, p, zslots
+               serial_twin(run_tape): (0, 1, 2, 3, 4, 14)}        # code consts u f p zslots
+    n = [len(k.signatures) for k in kernels]
+    got, _ = _route_out(rt, ro(u), ro(f), ro(p), h, L)
+    assert np.array_equal(got.view(np.uint64), ref.view(np.uint64))
+    assert [len(k.signatures) for k in kernels] == n
+    for k, inputs in kernels.items():
+        for sig in k.signatures:
+            assert all(not sig[i].mutable for i in inputs), (k, sig)
 
 
 def test_the_cut_keeps_monomials_and_hoists_the_rest():

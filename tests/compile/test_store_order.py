@@ -10,6 +10,8 @@ import numpy as np
 
 from esmjac.compile.engine import NO_SLOTS, run_tapes
 from esmjac.compile.tape import OPS, Tape, in_store_order, retarget, run_tape
+from esmjac.compile.twins import serial_twin
+from esmjac._frozen import ro
 from esmjac.layouts import LaneSparseBlocks
 from esmjac.models.mechanism import box
 from esmjac.runtime.programs import JacobianProgram, RhsProgram
@@ -32,8 +34,9 @@ def _hand_tape() -> Tape:
 def _run(tape: Tape, u: np.ndarray, L: int, nout: int) -> np.ndarray:
     out = np.full(nout * L, np.nan)
     h = np.zeros(1)
-    bad = run_tape(tape.code, tape.consts, u, np.zeros(1), np.zeros(1), 0.0, h, np.zeros(1, np.int64), out, L,
-                   tape.nreg, 0, 0, L, NO_SLOTS)
+    # the serial twin and read-only inputs: the flavour the package compiles
+    bad = serial_twin(run_tape)(ro(tape.code), ro(tape.consts), ro(u), ro(np.zeros(1)), ro(np.zeros(1)), 0.0, h,
+                                np.zeros(1, np.int64), out, L, tape.nreg, 0, 0, L, NO_SLOTS)
     assert bad == 0
     return out
 
@@ -91,6 +94,6 @@ def test_retargeted_tape_stores_in_slot_order_with_the_same_bits():
         got = np.full(plan.out_size(lanes), np.nan)
         h = np.zeros(max(j.kernel.n_hoist, 1))
         W, P, C = plan.tile_width(lanes), int(plan.info["slots_per_lane"]), plan.capacity(lanes)
-        run_tapes(run_tape, (ft.prologue, ft.body), u, np.zeros(1), p0, 0.0, h, np.zeros(1, np.int64), got,
+        run_tapes(serial_twin(run_tape), (ft.prologue, ft.body), u, np.zeros(1), p0, 0.0, h, np.zeros(1, np.int64), got,
                   lanes, W, P, C, ft.zero_slots)
         assert np.isfinite(ref).all() and np.array_equal(got, ref), lanes

@@ -27,6 +27,7 @@ from esmjac.compile.ssa import Block
 from esmjac.compile.polyroute import tape_ssa as _ssa
 from esmjac.integrators.lanetape import FUSED_BASE, encode_fused, run_fused
 from esmjac.compile.tape import OPS, run_tape
+from esmjac.compile.twins import serial_twin
 from esmjac.errors import JacError
 from esmjac.integrators import bound
 from esmjac.integrators.bound import BoundPrograms, lane_hoist
@@ -34,6 +35,10 @@ from esmjac.models.mechanism import lift
 from tests.support.leafgrid import DT, NS
 from tests.support.leafgrid import heterogeneous_grid as _grid
 from tests.support.programs import TROPO12
+
+#: The oracle interpreter: run_tape's serial twin, the one the engine's one-thread calls
+#: compile (the package's parallel run_tape would be a dispatcher of its own).
+RUN = serial_twin(run_tape)
 
 RTOL = 1e-3
 L = 8
@@ -93,12 +98,12 @@ def test_the_split_tapes_compute_the_unsplit_bits(leaves):
     cix = np.zeros(1, np.int64)
     h = np.zeros(max(rhs.kernel.n_hoist, 1))
     ref = np.full(u.size, np.nan)
-    run_tapes(run_tape, (pro, body), u, f, on.p, 0.0, h, cix, ref, L)
+    run_tapes(RUN, (pro, body), u, f, on.p, 0.0, h, cix, ref, L)
     fz = np.zeros((nfu + hz.rhs.rows) * L)
     fz[:nfu * L] = f
-    run_tapes(run_tape, (pro, hz.rhs.prologue), fz, fz, on.p, 0.0, h, cix, fz, L)
+    run_tapes(RUN, (pro, hz.rhs.prologue), fz, fz, on.p, 0.0, h, cix, fz, L)
     out = np.full(u.size, np.nan)
-    run_tapes(run_tape, (pro, hz.rhs.body), u, fz, on.p, 0.0, h, cix, out, L)
+    run_tapes(RUN, (pro, hz.rhs.body), u, fz, on.p, 0.0, h, cix, out, L)
     assert np.all(np.isfinite(ref)) and np.array_equal(out, ref)
 
 
@@ -127,7 +132,7 @@ def test_scheduled_and_fused_tapes_compute_the_plain_bits(leaves, lanes, tape_ke
     b.lane_prologue(fz, cix, lanes)
     h = np.zeros(max(rhs.kernel.n_hoist, 1))
     ref = np.full(u.size, np.nan)
-    run_tapes(run_tape, rhs.kernel.tapes, u, f, on.p, 0.0, h, cix, ref, lanes)
+    run_tapes(RUN, rhs.kernel.tapes, u, f, on.p, 0.0, h, cix, ref, lanes)
     got = np.full(u.size, np.nan)
     b.rhs(u, fz, cix, lanes, got)
     assert np.all(np.isfinite(ref)) and np.array_equal(got, ref)
@@ -136,7 +141,7 @@ def test_scheduled_and_fused_tapes_compute_the_plain_bits(leaves, lanes, tape_ke
     W, P, C = plan.tile_width(lanes), int(plan.info["slots_per_lane"]), plan.capacity(lanes)
     jref = np.full(P * C, np.nan)
     hj = np.zeros(max(jac.kernel.n_hoist, 1))
-    run_tapes(run_tape, (ft.prologue, ft.body), u, f, on.p, 0.0, hj, cix, jref, lanes, W, P, C, ft.zero_slots)
+    run_tapes(RUN, (ft.prologue, ft.body), u, f, on.p, 0.0, hj, cix, jref, lanes, W, P, C, ft.zero_slots)
     jgot = np.full(P * C, np.nan)
     b.jac(u, fz, cix, lanes, jgot)
     assert np.all(np.isfinite(jref)) and np.array_equal(jgot, jref)

@@ -22,6 +22,8 @@ import pytest
 from esmjac.adapters.native import rosenbrock
 from esmjac.compile.engine import NO_SLOTS, run_tapes
 from esmjac.compile.tape import run_tape
+from esmjac.compile.twins import serial_twin
+from esmjac._frozen import ro
 from esmjac.integrators import bound
 from esmjac.integrators.bound import BoundPrograms, lane_hoist
 from esmjac.compile.massaction import MAX_GROWTH, PolyBody, expand, run_poly, scratch_size
@@ -30,12 +32,15 @@ from tests.support.programs import TROPO12
 
 TAPE = {"engine": "tape", "progress": False}
 ROUND = 1e-13           # |poly - tape| <= ROUND * sum |terms|
+#: The oracle interpreter, in the flavour the package calls it (serial twin,
+#: read-only inputs: engine.run_tapes): no specialisation of its own.
+RUN = serial_twin(run_tape)
 
 
 def _run(pb: PolyBody, u, f, h, p, L, W=0, P=0, C=None, zslots=NO_SLOTS, B=64, size=None):
     C = L if C is None else C
     out = np.full(size if size is not None else (int(pb.targets.max()) + 1) * L, np.nan)
-    run_poly(*pb.arrays(), u, f, h, p, out, L, W, P, C, zslots, B, np.empty(scratch_size(pb, W, B)))
+    run_poly(*pb.arrays(), u, f, h, ro(p), out, L, W, P, C, zslots, B, np.empty(scratch_size(pb, W, B)))
     return out
 
 
@@ -165,12 +170,12 @@ def test_tropo12_bodies_against_the_tape_and_finite_differences(leaf13):
     # right-hand side: the unsplit tape, to the stated rounding
     h = np.zeros(max(rhs.kernel.n_hoist, 1))
     ref = np.full(u.size, np.nan)
-    run_tapes(run_tape, rhs.kernel.tapes, u, f, lf.p, 0.0, h, cix, ref, L)
+    run_tapes(RUN, rhs.kernel.tapes, u, f, lf.p, 0.0, h, cix, ref, L)
     got = np.full(u.size, np.nan)
     b.rhs(u, fz, cix, L, got)
     hr = np.zeros_like(h)
     pro = rhs.kernel.tapes[0]
-    run_tape(pro.code, pro.consts, u, fz, lf.p, 0.0, hr, cix, hr, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    RUN(pro.code, pro.consts, ro(u), ro(fz), lf.p, 0.0, hr, cix, hr, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
     scale = _run(_abs(rp), np.abs(u), np.abs(fz), np.abs(hr), np.abs(lf.p), L, size=u.size)
     assert np.all(np.isfinite(ref)) and np.all(np.abs(got - ref) <= ROUND * scale)
     assert not np.array_equal(got, ref)                 # expanded: other roundings somewhere
@@ -181,7 +186,7 @@ def test_tropo12_bodies_against_the_tape_and_finite_differences(leaf13):
     assert C > L                                        # 13 lanes in tiles of 16: padding lanes
     jref = np.full(P * C, np.nan)
     hj = np.zeros(max(jac.kernel.n_hoist, 1))
-    run_tapes(run_tape, (ft.prologue, ft.body), u, f, lf.p, 0.0, hj, cix, jref, L, W, P, C, ft.zero_slots)
+    run_tapes(RUN, (ft.prologue, ft.body), u, f, lf.p, 0.0, hj, cix, jref, L, W, P, C, ft.zero_slots)
     jgot = np.full(P * C, np.nan)
     b.jac(u, fz, cix, L, jgot)
     jscale = _run(_abs(jp), np.abs(u), np.abs(fz), np.abs(hj), np.abs(lf.p), L, W, P, C, ft.zero_slots,
@@ -220,7 +225,7 @@ def test_lanes_positions_and_tiles_give_the_same_bits(leaf13):
     jac = lf.jac_program
     hj = np.zeros(max(jac.kernel.n_hoist, 1))
     pro = jac.direct_tape(lf.plan).prologue
-    run_tape(pro.code, pro.consts, u, fz, lf.p, 0.0, hj, cix, hj, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    RUN(pro.code, pro.consts, ro(u), ro(fz), lf.p, 0.0, hj, cix, hj, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
     P = int(lf.plan.info["slots_per_lane"])
     zs = jac.direct_tape(lf.plan).zero_slots
 
@@ -271,7 +276,7 @@ def test_the_vector_groups_give_the_loops_bits(leaf13):
     jac = lf.jac_program
     hj = np.zeros(max(jac.kernel.n_hoist, 1))
     pro = jac.direct_tape(lf.plan).prologue
-    run_tape(pro.code, pro.consts, u, fz, lf.p, 0.0, hj, cix, hj, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    RUN(pro.code, pro.consts, ro(u), ro(fz), lf.p, 0.0, hj, cix, hj, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
     P = int(lf.plan.info["slots_per_lane"])
     zs = jac.direct_tape(lf.plan).zero_slots
     jp, rp = hz.jac.poly, hz.rhs.poly
@@ -422,11 +427,11 @@ def test_geoschem_bodies_expand_and_match_the_tape():
     rhs = lf.rhs_program
     h = np.zeros(max(rhs.kernel.n_hoist, 1))
     ref = np.full(u.size, np.nan)
-    run_tapes(run_tape, rhs.kernel.tapes, u, f, lf.p, 0.0, h, cix, ref, Lg)
+    run_tapes(RUN, rhs.kernel.tapes, u, f, lf.p, 0.0, h, cix, ref, Lg)
     got = np.full(u.size, np.nan)
     b.rhs(u, fz, cix, Lg, got)
     pro = rhs.kernel.tapes[0]
-    run_tape(pro.code, pro.consts, u, fz, lf.p, 0.0, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
+    RUN(pro.code, pro.consts, ro(u), ro(fz), lf.p, 0.0, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
     scale = _run(_abs(hz.rhs.poly), np.abs(u), np.abs(fz), np.abs(h), np.abs(lf.p), Lg, size=u.size)
     assert np.all(np.isfinite(ref)) and np.all(np.abs(got - ref) <= ROUND * scale)
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
+from .._frozen import ro
 from ..errors import JacError
 from ..model.deep import run_deep
 from ..model.expr import Node, iter_children
@@ -53,8 +54,10 @@ def run_tapes(run, tapes: tuple, u, f, p, t: float, h, cix, out, lanes: int, til
     tiled plan's direct slot stores; 0: lanes-fastest, capacity ``lanes``).
     ``run`` is :func:`_interpreter`'s (run_tape's parallel copy or serial twin).
     The one place run_tape's arguments are written; returns the number of
-    non-finite values stored."""
+    non-finite values stored. The inputs go in read-only (:func:`ro`), the
+    one flavour every caller compiles."""
     pro, body = tapes
+    u, f, p, zero_slots = ro(u), ro(f), ro(p), ro(zero_slots)
     run(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
     return run(body.code, body.consts, u, f, p, t, h, cix, out, lanes, body.nreg, tile, slots_per_lane,
                capacity or lanes, zero_slots)
@@ -157,11 +160,11 @@ class Kernel:
             drive = self.driver(fused=fused)
             if extra:
                 def call(u, p, t, f, out):
-                    return drive(u, f, p, t, h, cix, out, L, scratch)
+                    return drive(ro(u), ro(f), ro(p), t, h, cix, out, L, scratch)
                 return call
 
             def call(u, p, t, f, out):
-                return drive(u, f, p, t, h, cix, out, L)
+                return drive(ro(u), ro(f), ro(p), t, h, cix, out, L)
             return call
         pro = self.module().prologue
         par = self.chunk_calls(serial=False, fused=fused)
@@ -174,7 +177,8 @@ class Kernel:
             par_f, ser_f = tuple(fn for fn, _ in par), tuple(fn for fn, _ in ser)
 
             def call(u, p, t, f, out):
-                pro(p, t, h)
+                u, f = ro(u), ro(f)
+                pro(ro(p), t, h)
                 bad = 0
                 for fn in (ser_f if one_thread() else par_f):
                     bad += fn(u, f, h, cix, out, L, *extra)
@@ -182,7 +186,8 @@ class Kernel:
             return call
 
         def chunked(u, p, t, f, out):
-            pro(p, t, h)
+            u, f = ro(u), ro(f)
+            pro(ro(p), t, h)
             bad = 0
             for fn, is_cell in (ser if one_thread() else par):
                 if is_cell:
@@ -209,17 +214,19 @@ class Kernel:
             def call(u, f, cix, lanes, out):
                 run_tapes(run, tapes, u, f, p, t, h, cix, out, lanes)
             return call
-        self.module().prologue(p, float(t), h)
+        self.module().prologue(ro(p), float(t), h)
         calls = self.chunk_calls(serial=True, fused=fused)
         if fused:
             fns = tuple(fn for fn, _ in calls)
 
             def call(u, f, cix, lanes, out, *scratch):
+                u, f = ro(u), ro(f)
                 for fn in fns:
                     fn(u, f, h, cix, out, lanes, *scratch)
             return call
 
         def chunked(u, f, cix, lanes, out):
+            u, f = ro(u), ro(f)
             for fn, is_cell in calls:
                 if is_cell:
                     fn(u, f, h, cix, out, lanes)
@@ -253,7 +260,8 @@ class Kernel:
     def _run_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> int | None:
         if self.engine == "tape":       # the tape counts the non-finite values it stores
             return run_tapes(_interpreter(False), self.tapes, u, forcing, p, float(t), h, cix, out, lanes)
-        self.module().prologue(p, float(t), h)
+        u, forcing = ro(u), ro(forcing)
+        self.module().prologue(ro(p), float(t), h)
         bad = 0
         for fn, is_cell in self.chunk_calls(serial=serial):
             if is_cell:
@@ -265,7 +273,8 @@ class Kernel:
     def _run_fused_once(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> int | None:
         if h.shape[0] < self.n_hoist:
             h = np.zeros(self.n_hoist)
-        self.module().prologue(p, float(t), h)
+        u, forcing = ro(u), ro(forcing)
+        self.module().prologue(ro(p), float(t), h)
         bad = 0
         extra: tuple[np.ndarray, ...] = ()
         if self.tile_scratch:
@@ -312,6 +321,7 @@ class FusedTape:
         rt = self.route() if tile > 0 and out.dtype == np.float64 and u.dtype == np.float64 else None
         if rt is not None:
             pro = self.prologue
+            u, forcing, p = ro(u), ro(forcing), ro(p)
             _interpreter(False)(pro.code, pro.consts, u, forcing, p, float(t), h, cix, h, 1, pro.nreg, 0, 0, 1,
                                 NO_SLOTS)
             # in as many runs of chunks as Numba's threads are set to (same bits)
@@ -357,6 +367,7 @@ class FusedTape:
             pro, poly = self.prologue, rt.bind(L, W, P, C, zs, parts=1 if serial else None)
 
             def call(u, p, t, f, out):
+                u, f, p = ro(u), ro(f), ro(p)
                 run(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
                 return poly(u, f, p, t, h, cix, out)
             return call

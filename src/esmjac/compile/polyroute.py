@@ -42,6 +42,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from .._frozen import readonly, ro
 from .jitkeys import key_by_callees
 from .massaction import _U64, BLOCK, PolyBody, expand, run_poly, scratch_size
 from .ssa import UNARY, Block
@@ -134,16 +135,22 @@ class PolyRoute:
         T = max(1, min(T, nc * B // LANES_PER_PART, nc))
         arrs, src, nf, rt = self.body.arrays(), self.src, self.n_forcing, self.rates
         R = np.empty(self.rows * L) if rt is not None else _NO_ROWS
+        # Every input of _drive (and of run_poly and the rates tape under
+        # it) read-only (:func:`ro`): one compiled flavour for every caller.
+        Rd, zslots = readonly(R), ro(zslots)
         scr = [(np.empty(self.n_states * B), np.empty(src.shape[0] * B), np.empty(scratch_size(self.body, W)),
                 np.empty(P * B)) for _ in range(T)]
         uc, fc, sc, ob = scr[0]
 
         def one(u, f, p, t, h, cix, out):
-            return _drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, uc, fc, sc, ob, 0, nc)
+            return _drive(*arrs, ro(u), ro(f), Rd, src, nf, h, ro(p), out, L, W, P, C, zslots, B, uc, fc, sc, ob,
+                          0, nc)
 
         def split(u, f, p, t, h, cix, out, n):
+            u, f, p = ro(u), ro(f), ro(p)
+
             def part(k):
-                return _drive(*arrs, u, f, R, src, nf, h, p, out, L, W, P, C, zslots, B, *scr[k],
+                return _drive(*arrs, u, f, Rd, src, nf, h, p, out, L, W, P, C, zslots, B, *scr[k],
                               k * nc // n, (k + 1) * nc // n)
             futs = [_pool(n - 1).submit(part, k) for k in range(1, n)]
             bad = part(0)                   # the caller's thread runs the first part
@@ -155,11 +162,13 @@ class PolyRoute:
             serial = _serial_run()
 
             def rated(u, f, p, t, h, cix, out):
+                u, f, p = ro(u), ro(f), ro(p)
                 serial(rt.code, rt.consts, u, f, p, t, h, cix, R, L, rt.nreg, 0, 0, L, _NO_SLOTS)
                 return one(u, f, p, t, h, cix, out)
             return rated
         def call(u, f, p, t, h, cix, out):
             n = min(T, nb.get_num_threads())
+            u, f, p = ro(u), ro(f), ro(p)
             if rt is not None:          # on this thread: a parallel region's spin-wait costs more
                 _serial_run()(rt.code, rt.consts, u, f, p, t, h, cix, R, L, rt.nreg, 0, 0, L, _NO_SLOTS)
             return split(u, f, p, t, h, cix, out, n) if n > 1 else one(u, f, p, t, h, cix, out)

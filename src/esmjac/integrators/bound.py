@@ -17,6 +17,7 @@ from ..compile.massaction import BLOCK, UNTILED_BLOCK, run_poly, scratch_size
 from .lanetape import run_fused
 from ..compile.tape import run_tape
 from ..compile.twins import serial_twin
+from .._frozen import ro
 from ..errors import JacError
 from ..runtime import kernels as K
 
@@ -100,6 +101,7 @@ class BoundPrograms:
                  hoist: LaneHoist | None = None):
         rhs, jac = leaf.rhs_program, leaf.jac_program
         plan = leaf.plan if plan is None else plan
+        p = ro(p)           # the one flavour every kernel takes its parameters in
         self.hoist = hoist
         self.lane_prologue: Callable[[np.ndarray, np.ndarray, int], None] | None = None
         #: Whether ``rhs`` takes its fields read-only (the program's own
@@ -211,7 +213,7 @@ class BoundPrograms:
             self.engines["jac"] = "lane tape (hoisted rates), slab + scatter"
         self.jac = j
         # the programs' prologues, once (one lane; they read neither state nor fields)
-        u1, f1 = np.zeros(max(leaf.n_species, 1)), np.zeros(max(len(rhs.forcing_names) + hz.rows, 1))
+        u1, f1 = ro(np.zeros(max(leaf.n_species, 1))), ro(np.zeros(max(len(rhs.forcing_names) + hz.rows, 1)))
         c1 = np.zeros(max(len(rhs.layout.cell_shape), 1), dtype=np.int64)
         for pro, h in ((rpro, hr), (jpro, hj)):
             run(pro.code, pro.consts, u1, f1, p, t, h, c1, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
