@@ -216,9 +216,10 @@ KERNEL_FORMAT = 1
 
 #: esmjac files a compiled kernel depends on beyond its own text: generated
 #: modules import ``stack_empty`` (Numba inlines it into each kernel's cache
-#: entry, which Numba keys by the kernel file alone), and tapes mean what the
-#: interpreter in ``tape.py`` does with them.
-KERNEL_CODE = ("compile/stackbuf.py", "compile/tape.py")
+#: entry, which Numba keys by the kernel file alone), their tiled chunks run
+#: the tile loops of ``tilecall.py`` (serial drivers link them), and tapes
+#: mean what the interpreter in ``tape.py`` does with them.
+KERNEL_CODE = ("compile/stackbuf.py", "compile/tape.py", "compile/tilecall.py")
 
 #: esmjac files a stored build product is computed by: every module
 #: ``runtime/programs.py`` and ``runtime/stored.py`` import, directly or not

@@ -36,10 +36,18 @@ by a plain loop over lanes: with a few flops per stored value the scratch
 copies cost more than SIMD saves (measured). Global chunks are a loop over
 box points.
 
-Each chunk function is written once; the module compiles it twice: ``chunk<i>``
-(``parallel=True``, ``prange`` over blocks of tiles) and its serial twin
-``schunk<i>`` (the same Python function under another name, where ``prange``
-is a plain ``range``: no parfor scheduling for one thread).
+A tiled chunk's arithmetic is one jitted function, ``tile_<name>``, compiled
+once; the loops over its tiles are the package's (compile/tilecall.py),
+written once for every model: ``chunk<i>`` (parallel, ``prange`` over work
+items) and its serial twin ``schunk<i>`` are
+:class:`~esmjac.compile.tilecall.TileCall` objects that run those loops with
+the address of the tile function's C wrapper, so no compiled module links
+the model's arithmetic a second time (a wrapper that called it directly made
+Numba optimise and generate the linked function again inside each). Other
+chunks are written once as ``_<name>`` and compiled twice: ``chunk<i>``
+(``parallel=True``) and its serial twin ``schunk<i>`` (the same Python
+function under another name, where ``prange`` is a plain ``range``: no
+parfor scheduling for one thread).
 
 Signatures: cell chunk ``(u, f, h, cix, out, L)``; global chunk ``(u, f, h,
 out)``; prologue ``(p, t, h)``. With ``dest=`` a cell Jacobian is generated
@@ -61,11 +69,12 @@ from ..model.expr import add, format_float
 from ..model.layout import strides as row_major_strides
 from .ssa import Block, Lowering, operands
 from .tape import encode
+from .tilecall import TILES_PER_ITEM
 
 __all__ = ["generate", "Generated", "GENERATOR", "tile_scratch", "escape"]
 
 #: Tiles per parallel work item (one scratch allocation per item).
-_TILES_PER_ITEM = 64
+_TILES_PER_ITEM = TILES_PER_ITEM
 
 #: Lanes per tile of a cell right-hand side (``None``: one lane per loop
 #: iteration, the old scalar loop). A literal trip count LLVM vectorizes;
@@ -371,6 +380,7 @@ def generate(doc, *, max_stmts: int = 400, title: str = "", dest=None, zeros=(),
         "import numba as nb",
         "import numpy as np",
         "",
+        "import esmjac.compile.tilecall as _tc",
         "from esmjac.compile.stackbuf import stack_empty",
         "",
         "_JIT = dict(cache=True, error_model='numpy', nogil=True)",
@@ -704,16 +714,16 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
     # A full tile runs the body over TW lanes (a literal trip count: one
     # vectorized loop, no remainder) in the scratch, then copies the tile out.
     tb = [
-        "l0 = t * w",
+        f"l0 = t * {TW}",        # (w == TW: a literal, for LLVM's address arithmetic)
         "bad = 0",
-        f"ob = t * {P} * w",
+        f"ob = t * {P * TW}",
         f"if l0 + {TW} <= L:",
         *[f"    {x}" for x in ([f"for j in range({TW}):", *["    " + c for c in copy_in]] if copy_in else [])],
         f"    for j in range({TW}):", *["        " + x for x in body_j],
         f"    for a in range({nout}):", f"        for j in range({TW}):", f"            {copy}",
         # Copy out, counting non-finite values while they are in cache (x - x
         # is NaN for inf and NaN): the caller needs no second pass over out.
-        f"            out[ob + (a + {a0}) * w + j] = x",
+        f"            out[ob + (a + {a0}) * {TW} + j] = x",
         "            if x - x != 0.0:", "                bad += 1",
         "    return bad",
         *_partial_tile(blk, taken, doc, names, a0, nout, TW, first, cdims, len(reads)),
@@ -721,7 +731,6 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
     tile_fn = ["", "@nb.njit(**_JIT)", f"def tile_{name}(u, f, h, cix, out, L, w, t, S):",
                f'    """Tile t of {name}: outputs {a0}..{a1 - 1} (tiled slots)."""',
                *hv, *["    " + x for x in tb]]
-    pre = [f"    w = {TW}", "    nt = (L + w - 1) // w"]
     # The scratch is the caller's (``S``: tile_scratch(...) elements of
     # u.dtype, one section per work item): nothing is allocated per call.
     # Output sections no band of this chunk stores are zeroed once per item
@@ -729,14 +738,18 @@ def _tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, mode: st
     sz = max(size, 1)
     # Zeroed as runs of adjacent sections, one loop each: a loop per section
     # (148 in tropo12's Jacobian) cost 30 % of the chunk's compile time.
-    body = [f"Sv = S[it * {sz}:(it + 1) * {sz}]"]
-    for k0, k1 in _runs(sorted(set(range(nout)) - first)):
-        body += [f"for j in range({(nin + k0) * TW}, {(nin + k1) * TW}):", "    Sv[j] = 0.0"]
-    body += [f"for t in range(it * {_TILES_PER_ITEM}, min(nt, (it + 1) * {_TILES_PER_ITEM})):",
-             f"    bad += tile_{name}(u, f, h, cix, out, L, w, t, Sv)"]
-    loop = f"for it in range((nt + {_TILES_PER_ITEM - 1}) // {_TILES_PER_ITEM}):"
-    return (tile_fn + _variants(name, "u, f, h, cix, out, L, S", loop, pre + ["    bad = 0"], body, "bad"),
-            len(pr.lines), pr.hoisted, sz)
+    zr = tuple(((nin + k0) * TW, (nin + k1) * TW) for k0, k1 in _runs(sorted(set(range(nout)) - first)))
+    return (tile_fn + _tile_calls(name, "fl", TW, sz, zr), len(pr.lines), pr.hoisted, sz)
+
+
+def _tile_calls(name: str, kind: str, TW: int, sz: int = 0, zr: tuple = ()) -> list:
+    """The chunk ``<name>`` (parallel) and its serial twin ``s<name>``: the
+    package's tile loops (compile/tilecall.py) over ``tile_<name>``, called
+    through its address: the loops' compiled modules link nothing, so Numba
+    does not optimise the tile function a second time inside each."""
+    extra = f", {sz}, {zr!r}" if kind == "fl" else ""
+    return ["", f"{name} = _tc.TileCall(tile_{name}, {kind!r}, True, {TW}{extra})",
+            f"s{name} = _tc.TileCall(tile_{name}, {kind!r}, False, {TW}{extra})", ""]
 
 
 def _runs(ks: list) -> list:
@@ -808,15 +821,10 @@ def _rhs_tile_chunk(name: str, blk: Block, taken: list, doc, names: _Names, TW: 
                *hv, f"    S = stack_empty({nsl * TW}, out.dtype)", *views,
                "    for j in range(m):", *["        " + x for x in (cvals + pr.lines + stores or ["pass"])],
                "    bad = 0", *["    " + x for x in copy], "    return bad"]
-    # Fewer lanes than a tile: the same loop over the L real lanes (a
-    # runtime trip count: vectorized with a scalar remainder), so a one-cell
-    # call does one cell's arithmetic, not a tile's.
-    pre = [f"    if L < {TW}:", f"        return tile_{name}(u, f, cix, L, 0, h, out, L, 0, 0, L)", "    bad = 0"]
-    body = [f"l0 = min(t * {TW}, L - {TW})",
-            f"bad += tile_{name}(u, f, cix, L, l0, h, out, L, l0, t * {TW} - l0, {TW})"]
-    return (tile_fn + _variants(name, "u, f, h, cix, out, L", f"for t in range((L + {TW - 1}) // {TW}):",
-                                        pre, body, "bad"),
-            len(pr.lines), pr.hoisted)
+    # The tile loop (compile/tilecall.py): fewer lanes than a tile run the
+    # same loop over the L real lanes (a runtime trip count: vectorized with
+    # a scalar remainder), so a one-cell call does one cell's arithmetic.
+    return tile_fn + _tile_calls(name, "rhs", TW), len(pr.lines), pr.hoisted
 
 def _partial_tile(blk: Block, taken: list, doc, names: _Names, a0: int, nout: int, TW: int,
                   stored: set, cdims: list, nreads: int) -> list:
@@ -874,6 +882,9 @@ def _lane_chunk(name: str, blk: Block, taken: list, doc, names: _Names, stores: 
     for (where, op), ((_, vals, _i)) in zip(stores, taken):
         x = pr.ref(vals[0]) if op == "=" else f"out[{where}]"
         body += [f"if {x} - {x} != 0.0:", "    bad += 1"]
+    # (Not through a lane function's address like the tiles: a lane
+    # function over lanes l0..l1-1 ran 1.05-1.25x slower than this loop
+    # over range(L), measured.)
     return (_variants(name, "u, f, h, cix, out, L", "for l in range(L):", hv + ["    bad = 0"], body, "bad"),
             len(pr.lines), pr.hoisted)
 

@@ -158,6 +158,21 @@ class Kernel:
         extra = () if scratch is None else (scratch,)
         if serial:
             drive = self.driver(fused=fused)
+            table = getattr(drive, "table", None)
+            if table is not None:
+                # Tiled chunks (compile/tilecall.py): the compiled driver and
+                # its address table straight, no Python layer per call.
+                run, resolve = drive.drive, drive.resolve
+                if extra:
+                    def call(u, p, t, f, out):
+                        r = run(u, f, p, t, h, cix, out, L, scratch, table)
+                        return r if r >= 0 else resolve(r, u, f, p, t, h, cix, out, L, scratch)
+                    return call
+
+                def call(u, p, t, f, out):
+                    r = run(u, f, p, t, h, cix, out, L, table)
+                    return r if r >= 0 else resolve(r, u, f, p, t, h, cix, out, L)
+                return call
             if extra:
                 def call(u, p, t, f, out):
                     return drive(ro(u), ro(f), ro(p), t, h, cix, out, L, scratch)

@@ -16,7 +16,11 @@ from __future__ import annotations
 import inspect
 import textwrap
 
+import numpy as np
+
+from ..errors import JacError
 from .cache import load_source
+from .tilecall import NVARIANTS, TileCall
 
 __all__ = ["serial_twin", "parallel_copy", "serial_driver"]
 
@@ -100,25 +104,80 @@ def serial_driver(mod, calls: tuple):
     scan when all do) in one native call: each Numba dispatch
     from Python costs about a microsecond, as much as a one-cell kernel.
     Generated next to the kernels by content hash (the module name is that
-    hash), so it never outlives the kernels it calls."""
+    hash), so it never outlives the kernels it calls. Tiled chunks
+    (:class:`~esmjac.compile.tilecall.TileCall`) run the package's tile
+    loops with their tile functions' addresses (a table the driver holds:
+    the compiled driver links neither the loops' callees nor the tile
+    functions)."""
     key = (mod.__name__, calls)
     d = _DRIVERS.get(key)
     if d is None:
         lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
                  "import sys as _sys", "import numba as nb", "import numpy as np",
+                 "import esmjac.compile.tilecall as _tc",
                  f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
         body = ["    prologue(p, t, h)", "    n = 0"]
+        check: list = []
         call = {"cell": "c{}(u, f, h, cix, out, L)", "global": "c{}(u, f, h, out)",
                 "cellc": "n += c{}(u, f, h, cix, out, L)", "tile": "n += c{}(u, f, h, cix, out, L, S)"}
+        tcs: list = []
         for i, (name, kind) in enumerate(calls):
+            fn = getattr(mod, name)
+            if isinstance(fn, TileCall):
+                r = len(tcs)
+                tcs.append(fn)
+                v = "vf" if fn.kind == "fl" else "vr"
+                check += [f"    if A[{r}, {v}] == 0:", f"        return -1 - ({r} * _tc.NVARIANTS + {v})"]
+                if fn.kind == "fl":
+                    lines.append(f"z{i} = _k.{name}.zr")
+                    body.append(f"    n += _tc.serial_fl(A[{r}], u, f, h, cix, out, L, S, {fn.w}, {fn.sz}, z{i})")
+                else:
+                    body.append(f"    n += _tc.serial_rhs(A[{r}], u, f, h, cix, out, L, {fn.w})")
+                continue
             lines.append(f"c{i} = _k.{name}")
             body.append("    " + call[kind].format(i))
         tiled = any(kind == "tile" for _, kind in calls)      # only tiles take the scratch
         if any(kind in ("cell", "global") for _, kind in calls):
             body += ["    for i in range(out.shape[0]):", "        if not np.isfinite(out[i]):",
                      "            n += 1"]
+        if check:
+            check = ["    vf = _tc.variant(u, f, h, out, S)" if tiled else "    vf = 0",
+                     "    vr = _tc.variant(u, f, h, out, out)", *check]
+        args = f"u, f, p, t, h, cix, out, L{', S' if tiled else ''}{', A' if tcs else ''}"
         src = "\n".join(lines + ["", "", "@nb.njit(cache=True, nogil=True, error_model='numpy')",
-                                 f"def drive(u, f, p, t, h, cix, out, L{', S' if tiled else ''}):", *body,
-                                 "    return n", ""])
-        d = _DRIVERS[key] = load_source(src).drive
+                                 f"def drive({args}):", *check, *body, "    return n", ""])
+        d = load_source(src).drive
+        if tcs:
+            d = _TiledDriver(d, tuple(tcs))
+        _DRIVERS[key] = d
     return d
+
+
+class _TiledDriver:
+    """A serial driver with tiled chunks: the compiled ``drive`` and the
+    table of its tile functions' addresses (one row per tiled chunk, one
+    column per dtype variant), resolved when a call first needs them."""
+
+    __slots__ = ("drive", "tiles", "table")
+
+    def __init__(self, drive, tiles: tuple):
+        self.drive, self.tiles = drive, tiles
+        self.table = np.zeros((len(tiles), NVARIANTS), np.int64)
+
+    def __call__(self, *args):
+        r = self.drive(*args, self.table)
+        return r if r >= 0 else self.resolve(r, *args)
+
+    def resolve(self, r: int, *args) -> int:
+        """``drive(*args, table)`` again after resolving the variant the
+        driver returned ``r = -1 - (row * NVARIANTS + variant)`` for (it
+        checks every row it needs before it runs anything). A bound call
+        (:meth:`~esmjac.compile.engine.Kernel.bind`) calls ``drive`` with
+        ``table`` itself and this only on a negative result."""
+        while r < 0:
+            row, v = divmod(-1 - int(r), NVARIANTS)
+            if not 0 <= row < len(self.tiles):
+                raise JacError("internal_error", f"a serial driver returned {r}")
+            self.table[row, v] = self.tiles[row].address(v)
+            r = self.drive(*args, self.table)
+        return r
