@@ -238,6 +238,17 @@ class TileCall:
                      ("rhs", False): serial_rhs, ("rhs", True): parallel_rhs}[kind, self.parallel]
         self.__name__ = f"{'' if self.parallel else 's'}{getattr(tile, '__name__', 'tile_')[5:]}"
 
+    @property
+    def signatures(self) -> list:
+        """The argument types the chunk's loop is compiled for, in the
+        chunk's own order ``(u, f, h, cix, out, L[, S])`` (as a jitted
+        chunk's ``signatures``): the loop is the package's, shared by every
+        model's chunks of this kind, so these are all its calls' flavours.
+        The tile function itself compiles for one canonical signature per
+        dtype variant (:meth:`address`)."""
+        n = 7 if self.kind == "fl" else 6
+        return [tuple(sig[1:1 + n]) for sig in self.loop.signatures]
+
     def address(self, v: int) -> int:
         """The address of the tile function's C wrapper for variant ``v``
         (compiled, or loaded from Numba's cache, for that signature)."""
