@@ -263,6 +263,7 @@ def _integrate(f, jac, u0, t_span, *, n, lanes, pattern, perm=None, fields=None,
                           step == "shared", True)
     y = np.array(u0, dtype=np.float64)
     at = np.ascontiguousarray(np.broadcast_to(np.asarray(atol, dtype=np.float64), (n,)))
+    at.setflags(write=False)            # as the leaf's atol: one flavour of the lane-step kernels
     forcing = np.zeros(1) if fields is None else np.ascontiguousarray(fields, dtype=np.float64)
     stepper.run(y, y, L, 0, L, float(t_span[0]), float(t_span[1]), None, forcing, fcall,
                 np.zeros(1, np.int64), at, float(rtol), max_steps, max_rejects, False, st)
@@ -558,6 +559,7 @@ def test_iteration_matrix_formed_in_place_keeps_the_bits_and_the_singular_status
     p, ip = perm_arrays(None, 3)
     u0 = np.r_[np.ones(L), np.zeros(2 * L)]
     at = np.array([1e-3, 1e-7, 1e-3]) * 1e-4
+    at.setflags(write=False)            # as the leaf's atol: one flavour of the lane-step kernels
     res = []
     for inplace in (True, False):
         st = LeafStats(np.full(L, RUNNING, np.int8), *(np.zeros(L, np.int64) for _ in range(6)),
@@ -613,6 +615,7 @@ def test_stage_solve_in_one_pass_per_direction_gives_the_separate_passes_bits(m,
     Wr = np.ascontiguousarray(A.reshape(-1).astype(dtype))     # the oracle's: one tile of m lanes
     factor_lanes(Wr, lu.nnz, m, m, CHUNK, *lu.factor_ops(), np.empty(m, np.int64))
     perm = rng.permutation(n).astype(np.int64)
+    perm.setflags(write=False)          # read-only, as perm_arrays gives it: the kernels' one flavour
     tab = METHODS["rodas3"]
     hs, F, Y, dfdt = rng.uniform(0.1, 10, m), rng.standard_normal(n * m), rng.random(n * m), rng.standard_normal(n * m)
     K0 = rng.standard_normal((tab.stages, n * m))

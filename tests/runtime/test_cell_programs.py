@@ -108,20 +108,27 @@ def _dense_lanes(j, plan, out, N):
 
 @pytest.mark.parametrize("wrt", ["states", "forcing"])
 def test_box_jacobian_per_lane_matches_reference_assembly_on_lift(wrt):
+    """Every lane layout on the tape engine (one interpreter for every
+    layout), and the generated code on one layout (the leaf's
+    LaneSparseBlocks; Csr for the forcing columns): a plan's generated
+    kernels are compiled per layout (~35 s of CPU each for this box), and
+    tests/layouts/test_plans.py checks them on every layout."""
     r, j = progs(wrt=wrt)
+    rt, jt = progs(wrt=wrt, engine="tape")
+    assert jt.kernel.engine == "tape" and j.kernel.engine == "codegen"
     N = 12
     u, p, f = lane_point(r, N, 2)
     A = assemble(lifted_with(u, f, N), wrt=wrt).matrix.toarray()
     ref = np.stack([A[np.arange(len(j.layout.states))[:, None] * N + lane,
                       np.arange(len(j.col_vars))[None, :] * N + lane] for lane in range(N)])
     layouts = [Csr(), LaneBlocks()] + ([LaneBlocks("markowitz"), LaneSparseBlocks()] if wrt == "states" else [])
-    for lay in layouts:
-        plan = j.plan(lay, source=r)
-        ws = j.new_workspace(lanes=N)
+    for rr, jj, lay in [(rt, jt, lay) for lay in layouts] + [(r, j, layouts[-1] if wrt == "states" else Csr())]:
+        plan = jj.plan(lay, source=rr)
+        ws = jj.new_workspace(lanes=N)
         out = np.full(plan.out_size(N), np.nan)
-        j.eval_into(plan, u, p, 0.0, f, out, ws)
-        got = _dense_lanes(j, plan, out, N)
-        assert close(got, ref, 1e-12), (lay, np.max(np.abs(got - ref)))
+        jj.eval_into(plan, u, p, 0.0, f, out, ws)
+        got = _dense_lanes(jj, plan, out, N)
+        assert close(got, ref, 1e-12), (jj.kernel.engine, lay, np.max(np.abs(got - ref)))
 
 
 def test_box_program_equals_the_lifted_program_bit_for_bit():
