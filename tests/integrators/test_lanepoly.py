@@ -260,8 +260,10 @@ def test_lanes_positions_and_tiles_give_the_same_bits(leaf13):
 def test_the_vector_groups_give_the_loops_bits(leaf13):
     """Whole 16-lane groups run as vector IR (_vrow, _vsum), other lanes and
     tile widths through the loops: 40 lanes (two groups and a padded tile;
-    the RHS two groups and 8 lanes) against tile width 5 and 3-lane blocks,
-    which never form a group, and against each lane alone."""
+    the RHS two groups summed as a pair and 8 lanes) against tile width 5
+    and 3-lane blocks, which never form a group, and against each lane
+    alone; the RHS on 56 lanes (a pair, an odd group alone, 8 lanes) against
+    those lanes of the 40."""
     lf = leaf13
     hz = lane_hoist(lf, lf.plan)
     u13, f13 = _state(lf, L, 3)
@@ -291,6 +293,11 @@ def test_the_vector_groups_give_the_loops_bits(leaf13):
     hr = np.zeros(max(lf.rhs_program.kernel.n_hoist, 1))
     r = _run(rp, u, fz, hr, lf.p, LL, B=64, size=u.size).reshape(nu, LL)
     assert np.array_equal(_run(rp, u, fz, hr, lf.p, LL, B=3, size=u.size).reshape(nu, LL), r, equal_nan=True)
+    c56 = (np.arange(56) * 7) % LL                     # every lane of the 40, in another order
+    u56 = np.ascontiguousarray(u.reshape(nu, LL)[:, c56]).reshape(-1)
+    f56 = np.ascontiguousarray(fz.reshape(nf, LL)[:, c56]).reshape(-1)
+    r56 = _run(rp, u56, f56, hr, lf.p, 56, B=64, size=nu * 56).reshape(nu, 56)
+    assert np.array_equal(r56, r[:, c56], equal_nan=True)
     for k in (0, 17, 31, 39):                         # each lane alone: one lane, the loops
         uk = np.ascontiguousarray(u.reshape(nu, LL)[:, k])
         fk = np.ascontiguousarray(fz.reshape(nf, LL)[:, k])

@@ -301,30 +301,35 @@ def _f64(*arrays) -> bool:
     return all(isinstance(a, types.Array) and a.dtype == types.float64 for a in arrays)
 
 
-@intrinsic
-def _vsum(typingctx, out, ob, S, sb, omono, ocoef, e0, e1, B):
-    """``out[ob : ob+VEC] = Σ ocoef[e]·S[omono[e]*B + sb : +VEC]`` over ``e``
+def _vsum_of(n: int):
+    """:func:`_vsum` on ``n`` lanes (``VEC`` or ``2*VEC``)."""
+    def _vsum_n(typingctx, out, ob, S, sb, omono, ocoef, e0, e1, B):
+        if not _f64(out, S, ocoef):
+            return None
+        return types.void(out, ob, S, sb, omono, ocoef, e0, e1, B), _vsum_codegen(n)
+    return intrinsic(_vsum_n)
+
+
+def _vsum_codegen(n: int):
+    """``out[ob : ob+n] = Σ ocoef[e]·S[omono[e]*B + sb : +n]`` over ``e``
     in ``e0 .. e1-1``, added left to right from the first product (0 when
     empty), the sum held in registers and stored once. Emitted as LLVM
-    vector IR on ``<VEC x double>``: no alias check, no remainder loop, no
+    vector IR on ``<n x double>``: no alias check, no remainder loop, no
     accumulator row in memory. ``fmul`` then ``fadd`` with no contraction
     flags: each lane's bits are those of the scalar loop
     ``a = c0*x0; a = a + c1*x1; ...`` (a pass of four terms,
-    ``c0*x0 + c1*x1 + c2*x2 + c3*x3``, is that same sequence)."""
-    if not _f64(out, S, ocoef):
-        return None
-    sig = types.void(out, ob, S, sb, omono, ocoef, e0, e1, B)
-
+    ``c0*x0 + c1*x1 + c2*x2 + c3*x3``, is that same sequence), whatever
+    ``n``: a lane's operations do not depend on its neighbours."""
     def codegen(context, builder, signature, args):
         ot, _, st, _, mt, ct, _, _, _ = signature.args
         out_, ob_, S_, sb_, om_, oc_, e0_, e1_, B_ = args
         i64 = ir.IntType(64)
-        vt = ir.VectorType(ir.DoubleType(), VEC)
+        vt = ir.VectorType(ir.DoubleType(), n)
         od = context.make_array(ot)(context, builder, out_).data
         sd = context.make_array(st)(context, builder, S_).data
         md = context.make_array(mt)(context, builder, om_).data
         cd = context.make_array(ct)(context, builder, oc_).data
-        zero32 = ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC)
+        zero32 = ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n)
 
         def term(e):
             c = builder.load(builder.gep(cd, [e]))
@@ -343,11 +348,19 @@ def _vsum(typingctx, out, ob, S, sb, omono, ocoef, e0, e1, B):
                 with cgutils.for_range_slice(builder, builder.add(e0_, i64(1)), e1_, i64(1), inc=True) as (e, _):
                     builder.store(builder.fadd(builder.load(acc), term(e)), acc)
             with none:
-                builder.store(ir.Constant(vt, [0.0] * VEC), acc)
+                builder.store(ir.Constant(vt, [0.0] * n), acc)
         op = builder.bitcast(builder.gep(od, [ob_]), vt.as_pointer())
         builder.store(builder.load(acc), op).align = 8
         return context.get_dummy_value()
-    return sig, codegen
+    return codegen
+
+
+#: One output's sum over one group of :data:`VEC` lanes (:func:`_vsum_codegen`).
+_vsum = _vsum_of(VEC)
+#: The same over two adjacent groups (``2*VEC`` lanes, 8 AVX2 registers): one
+#: walk of the output's terms serves both (an untiled output, whose lanes
+#: are contiguous in ``S`` and ``out``).
+_vsum2 = _vsum_of(2 * VEC)
 
 
 @intrinsic
@@ -425,12 +438,15 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
     order, left to right, and stored once. The block's whole groups of
     :data:`VEC` lanes (when ``W`` is 0 or a multiple of ``VEC``) run
     :func:`_vrow` and :func:`_vsum`, each output's sum straight into its
-    slot; the rest of the block (lanes past the last whole group or tile)
-    runs the loops below: up to four terms per pass over the lanes
-    (``a + t1 + t2`` is ``(a + t1) + t2``, the bits of one term per pass),
-    an output of up to four terms in one pass straight into its tiles, a
-    longer one through an accumulator row copied into them, a padded last
-    tile through the accumulator. ``scratch``: at least :func:`scratch_size`
+    slot (untiled: two adjacent groups per walk of the output's terms,
+    :func:`_vsum2`); the rest of the block (lanes past the last whole group
+    or tile) runs the loops below: up to four terms per pass over the lanes
+    (``a + t1 + t2`` is ``(a + t1) + t2``, the bits of one term per pass)
+    into an accumulator row, copied into the output's tiles (a padded last
+    tile: lane ``L-1``'s value). This path serves a block's tail only (the
+    leaf: a lane count off the 16-lane groups), so it is kept small: one
+    loop nest per case, no direct-store variants, whose compile time it
+    would not repay. ``scratch``: at least :func:`scratch_size`
     values (the monomial rows and the accumulator; a smaller one is
     replaced by an allocation).
 
@@ -480,11 +496,8 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
             tile0 = l0g // W
             nt = (ms - ls) // W
             full = mg // W
-            Wb = Wu
-        else:                                   # one "tile": the rest's lanes of each row
-            tile0 = 0
-            nt = full = 1 if mg > 0 else 0
-            Wb = mgu
+        else:                                   # untiled: the rest's lanes of each row
+            tile0 = nt = full = 0
         # -- the monomials' rows: leading field and state rows in one pass
         # (fields first, as the expansion sorts them: f·f·f, f·f·u, f·u·u,
         # u·u·u, or two of them), then each further factor, left to right:
@@ -591,7 +604,15 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                         for j in range(rmu):
                             S[r + j] = S[r + j] / c
         # -- each output over the whole groups: _vsum straight into its slot
-        for g in range(ng):
+        # (untiled: two groups per walk of an output's terms, a last odd group alone)
+        g2 = 0                                  # groups summed in pairs
+        while W == 0 and g2 + 2 <= ng:
+            gb = _U64(l0 + g2 * VEC)
+            sb = _U64(g2 * VEC)
+            for k in range(targets.shape[0]):
+                _vsum2(out, gb + _U64(targets[k]) * Lu, S, sb, omono, ocoef, _U64(optr[k]), _U64(optr[k + 1]), Bu)
+            g2 += 2
+        for g in range(g2, ng):
             lg = l0 + g * VEC
             if W == 0:
                 gb = _U64(lg)
@@ -608,56 +629,6 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
             e1 = optr[k + 1]
             n = e1 - e0
             e = e0
-            if n <= 4 and full == nt:               # one pass, straight into the output's tiles
-                t = targets[k]
-                ob = _U64(t) * Lu + l0gu if W == 0 else _U64(tile0 * P + t) * Wu
-                if n == 0:
-                    for tt in range(nt):
-                        for j in range(Wb):
-                            out[ob + j] = 0.0
-                        ob += PWu
-                    continue
-                c0 = ocoef[e]
-                x0 = _U64(omono[e]) * Bu + lsu
-                if n == 1:
-                    for tt in range(nt):
-                        for j in range(Wb):
-                            out[ob + j] = c0 * S[x0 + j]
-                        ob += PWu
-                        x0 += Wb
-                    continue
-                c1 = ocoef[e + 1]
-                x1 = _U64(omono[e + 1]) * Bu + lsu
-                if n == 2:
-                    for tt in range(nt):
-                        for j in range(Wb):
-                            out[ob + j] = c0 * S[x0 + j] + c1 * S[x1 + j]
-                        ob += PWu
-                        x0 += Wb
-                        x1 += Wb
-                    continue
-                c2 = ocoef[e + 2]
-                x2 = _U64(omono[e + 2]) * Bu + lsu
-                if n == 3:
-                    for tt in range(nt):
-                        for j in range(Wb):
-                            out[ob + j] = c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j]
-                        ob += PWu
-                        x0 += Wb
-                        x1 += Wb
-                        x2 += Wb
-                    continue
-                c3 = ocoef[e + 3]
-                x3 = _U64(omono[e + 3]) * Bu + lsu
-                for tt in range(nt):
-                    for j in range(Wb):
-                        out[ob + j] = c0 * S[x0 + j] + c1 * S[x1 + j] + c2 * S[x2 + j] + c3 * S[x3 + j]
-                    ob += PWu
-                    x0 += Wb
-                    x1 += Wb
-                    x2 += Wb
-                    x3 += Wb
-                continue
             if n == 0:
                 for j in range(mgu):
                     S[acc + j] = 0.0
