@@ -26,6 +26,23 @@ def _spy(self, *args, **kws):
 
 _Dispatcher._compile_for_args = _spy
 
+from numba.core import sigutils as _sigutils
+
+_orig_dcompile = _Dispatcher.compile
+
+
+def _spy_compile(self, sig):
+    # a compile by signature (a tiled chunk's tile function is compiled by
+    # its address, compile/tilecall.py: no _compile_for_args); an overload
+    # the dispatcher already holds is no new specialization
+    args, _ = _sigutils.normalize_signature(sig)
+    if tuple(args) not in self.overloads:
+        _NEW.append(getattr(self, "py_func", self).__qualname__)
+    return _orig_dcompile(self, sig)
+
+
+_Dispatcher.compile = _spy_compile
+
 
 def compiled():
     out = sorted(set(_NEW))
