@@ -4,7 +4,7 @@ builds in fresh processes, with the phase breakdown.
     python benchmarks/buildtime.py [--mech PATH] [--cells 1,64] [--routes box,cell,leaf,check]
                                    [--out buildtime.json]
 
-``--mech`` (or ``$ESMJAC_GC_MECH``; default ``/work/mech/geoschem_fullchem_v1.esm``)
+``--mech`` (or ``$ESMJAC_GC_MECH``; default ``geoschem_fullchem_v1.esm`` in the current folder)
 is a box ``models`` document (e.g. the GEOS-Chem fullchem conversion of
 benchmarks/gcmech.py; never vendored); absent, the benchmark says so and
 exits 0.
@@ -54,7 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_MECH = "/work/mech/geoschem_fullchem_v1.esm"
+DEFAULT_MECH = "geoschem_fullchem_v1.esm"    # in the current folder: no machine's path
 _HERE = Path(__file__).resolve().parent
 
 

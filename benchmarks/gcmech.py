@@ -18,8 +18,8 @@ species order) that :func:`esmjac.models.mechanism.lift` puts on cells.
 
     python benchmarks/gcmech.py [SRC] [DST]
 
-defaults: ``$ESMJAC_GC_MECH`` or ``/work/mech/geoschem_fullchem.esm`` →
-``/work/mech/geoschem_fullchem_v1.esm``.
+defaults: ``$ESMJAC_GC_MECH`` or ``geoschem_fullchem.esm`` (the current folder) →
+``geoschem_fullchem_v1.esm`` beside it.
 
 Units are the source's: species in ppb-like mixing ratios scaled by
 ``num_density`` (mol m⁻³) inside the rate laws; photolysis ``j_*`` in s⁻¹;
@@ -36,8 +36,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-DEFAULT_SRC = "/work/mech/geoschem_fullchem.esm"
-DEFAULT_DST = "/work/mech/geoschem_fullchem_v1.esm"
+DEFAULT_SRC = "geoschem_fullchem.esm"        # in the current folder: no machine's path
+DEFAULT_DST = "geoschem_fullchem_v1.esm"
 
 
 def _subst(e, bind: dict):
@@ -144,7 +144,7 @@ def summary(doc: dict) -> dict:
 if __name__ == "__main__":
     a = sys.argv[1:]
     src = a[0] if a else os.environ.get("ESMJAC_GC_MECH", DEFAULT_SRC)
-    dst = a[1] if len(a) > 1 else DEFAULT_DST
+    dst = a[1] if len(a) > 1 else str(Path(src).with_name(DEFAULT_DST))     # beside the source
     if not Path(src).exists():
         sys.exit(f"gcmech: no mechanism at {src} (fetch geoschem_fullchem.esm from EarthSciML/EarthSciModels)")
     d = convert(src, dst)

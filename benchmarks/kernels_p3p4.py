@@ -436,7 +436,7 @@ def _rhs_mass_action(doc, u, p, f, L):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mech", default=os.environ.get("ESMJAC_GC_MECH", "/work/mech/geoschem_fullchem_v1.esm"))
+    ap.add_argument("--mech", default=os.environ.get("ESMJAC_GC_MECH", "geoschem_fullchem_v1.esm"))
     ap.add_argument("--superfast", default=os.environ.get("ESMJAC_SUPERFAST"))
     ap.add_argument("--cells", type=int, default=10_000)
     ap.add_argument("--calls", type=int, default=20)

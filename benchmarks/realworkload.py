@@ -3,7 +3,7 @@
     python benchmarks/realworkload.py [--mech PATH] [--cells 1000,10000] [--reps 2]
                                       [--rtol 1e-3] [--cvode-cells 64] [--out results-rw.json]
 
-``--mech`` (or ``$ESMJAC_GC_MECH``; default ``/work/mech/geoschem_fullchem.esm``)
+``--mech`` (or ``$ESMJAC_GC_MECH``; default ``geoschem_fullchem.esm`` in the current folder)
 is the published EarthSciML/EarthSciModels file (esm 0.4.0
 ``reaction_systems``; never vendored) or its conversion
 (``benchmarks/gcmech.py``); absent, the benchmark says so and exits 0.
@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent)) if __name__ == "__main_
 
 DT = 1200.0
 R_GAS = 8.314462618
-DEFAULT_MECH = "/work/mech/geoschem_fullchem.esm"
+DEFAULT_MECH = "geoschem_fullchem.esm"       # in the current folder: no machine's path
 ANCHORS = [
     {"route": "KPP 3.x Rodas3 (anchor, GEOS-Chem fullchem 291 sp., 1 cell/call)", "us_per_cell_step": 100.0},
     {"route": "NCAR MICM 3.13 (anchor, TS1 209 sp., 64 cells vector4)", "us_per_cell_step": 41.0},
