@@ -68,7 +68,7 @@ def hoisted_inputs(doc, L: int):
 
 
 def main(argv=None):
-    from realworkload import DEFAULT_MECH, box_doc
+    from realworkload import DEFAULT_MECH, box_doc, emit_json
 
     from esmjac.compile.engine import NO_SLOTS
     from esmjac.compile.polyroute import tape_ssa as _ssa
@@ -147,11 +147,7 @@ def main(argv=None):
         res["leaf"] = _leaf_ab(doc, a.leaf_cells, a.rounds)
         print("leaf", json.dumps(res["leaf"]), file=sys.stderr, flush=True)
     res["load_end"] = round(os.getloadavg()[0], 2)
-    txt = json.dumps(res, indent=1)
-    if a.out:
-        Path(a.out).write_text(txt)
-    print(txt)
-    return 0
+    return emit_json(res, a.out)
 
 
 def _leaf_ab(doc, L: int, rounds: int) -> dict:

@@ -102,7 +102,7 @@ def _counts(out: Path) -> dict:
 
 
 def main(argv=None):
-    from realworkload import DEFAULT_MECH
+    from realworkload import DEFAULT_MECH, emit_json
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mech", default=os.environ.get("ESMJAC_GC_MECH", DEFAULT_MECH))
     ap.add_argument("--lanes", type=int, default=64)
@@ -144,11 +144,7 @@ def main(argv=None):
             res["per_call"][name] = {e: round((c[e] - base.get(e, 0)) / a.calls) for e in c}
             print(name, json.dumps(res["per_call"][name]), file=sys.stderr, flush=True)
     res["load_end"] = round(os.getloadavg()[0], 2)
-    txt = json.dumps(res, indent=1)
-    if a.out:
-        Path(a.out).write_text(txt)
-    print(txt)
-    return 0
+    return emit_json(res, a.out)
 
 
 if __name__ == "__main__":

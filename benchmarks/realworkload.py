@@ -568,9 +568,15 @@ def main(argv=None):
                 out.setdefault("errors", []).append({"route": "cvode", "error": f"{type(exc).__name__}: {exc}"})
                 print(f"cvode: {exc}", file=sys.stderr)
     out["load_end"] = _load()
-    txt = json.dumps(out, indent=1, default=float)
-    if a.out:
-        Path(a.out).write_text(txt)
+    return emit_json(out, a.out)
+
+
+def emit_json(res: dict, out: str | None) -> int:
+    """Print a benchmark's results as JSON (and write them to ``out`` when
+    given); the exit status. Shared by the real-workload scripts."""
+    txt = json.dumps(res, indent=1, default=float)
+    if out:
+        Path(out).write_text(txt)
     print(txt)
     return 0
 
