@@ -15,7 +15,6 @@ import pytest
 from tests.support.programs import TROPO12, close
 
 from esmjac._frozen import ro
-from esmjac.compile.cache import load_source
 from esmjac.compile.codegen import RHS_TILE, generate
 from esmjac.models.mechanism import lift
 from esmjac.reference.check import _flat, rhs_vector
@@ -39,7 +38,7 @@ def _module(tile):
     key = ("mod", tile)
     if key not in _built:
         g = generate(_prog().doc, rhs_tile=tile)
-        _built[key] = (g, load_source(g.source))
+        _built[key] = (g, g.load())
     return _built[key]
 
 

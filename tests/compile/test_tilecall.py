@@ -11,7 +11,6 @@ import pytest
 from tests.support.models import chapman
 
 from esmjac.compile import tilecall as tc
-from esmjac.compile.cache import load_source
 from esmjac.compile.codegen import generate, tile_scratch
 from esmjac.compile.twins import serial_driver
 from esmjac.layouts import LaneBlocks
@@ -33,7 +32,7 @@ def _rhs_modules():
     if "rhs" not in _built:
         r, _ = _progs()
         g, g0 = generate(r.doc, rhs_tile=4), generate(r.doc, rhs_tile=None)
-        _built["rhs"] = (g, load_source(g.source), g0, load_source(g0.source))
+        _built["rhs"] = (g, g.load(), g0, g0.load())
     return _built["rhs"]
 
 

@@ -691,6 +691,11 @@ def _remove(*paths: Path) -> None:
 
 # ------------------------------------------------------------------ kernel modules
 
+def module_name(key: str) -> str:
+    """The name a kernel module of content hash ``key`` is imported under."""
+    return f"esmjac_k{key[:40]}"
+
+
 def load_source(source: str, key: str | None = None):
     """Import ``source`` as a module stored under its content hash.
 
@@ -698,7 +703,7 @@ def load_source(source: str, key: str | None = None):
     rewritten); the module enters ``sys.modules`` only after it has fully
     executed (Numba's cache needs it there before the first call compiles)."""
     key = key or kernel_key(source)
-    modname = f"esmjac_k{key[:40]}"
+    modname = module_name(key)
     memo = (os.environ.get("ESMJAC_CACHE_DIR"), modname)
     mod = _LOADED.get(memo)
     if mod is not None:          # the per-call path: no file-system access, no lock

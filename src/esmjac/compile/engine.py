@@ -88,12 +88,15 @@ class Kernel:
     tile_scratch: int = 0      # tiled chunks: scratch elements per work item (codegen.tile_scratch)
     tile_scratch_width: int = 0   # ... and their tile width W
     reads_cells: bool = True   # whether the chunks read cell index values (``cix``); known at generation
+    prologue_source: str = ""  # the prologue's own module (codegen: shared by the kernels of equal prologues)
 
     def module(self):
         if self.engine == "tape":
             return None
         mod = self.__dict__.get("_module")
         if mod is None:
+            if self.prologue_source:       # the module imports its prologue's module by name
+                load_source(self.prologue_source)
             mod = load_source(self.source, self.key)
             object.__setattr__(self, "_module", mod)     # a memo, not a field: frozen stays frozen
         return mod
@@ -256,7 +259,7 @@ class Kernel:
             return (f"# esmjac tape: prologue {len(pro.code)} instructions, body {len(body.code)} "
                     f"instructions, {body.nreg} registers\n# prologue\n{pro.listing()}\n# body\n"
                     f"{body.listing()}\n")
-        return self.source
+        return self.prologue_source + "\n\n" + self.source if self.prologue_source else self.source
 
     def run(self, u, p, t, forcing, out, h, cix, lanes: int, serial: bool) -> int | None:
         """Evaluate into ``out`` (arguments already checked by the caller);
@@ -469,4 +472,5 @@ def compile_doc(doc, opts: dict, **generate_kw) -> Kernel:
     g = run_deep(generate, doc, max_stmts=int(opts["max_stmts"]), **generate_kw)
     return Kernel(g.source, kernel_key(g.source), g.chunks, g.chunk_kinds, g.n_hoist, g.n_statements,
                   counts_nonfinite=bool(g.counts_nonfinite), tile_scratch=int(g.tile_scratch),
-                  tile_scratch_width=int(generate_kw.get("tile") or 0), reads_cells=bool(g.reads_cells))
+                  tile_scratch_width=int(generate_kw.get("tile") or 0), reads_cells=bool(g.reads_cells),
+                  prologue_source=g.prologue_source)
