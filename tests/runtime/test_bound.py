@@ -237,3 +237,34 @@ def test_no_environment_reads_or_allocations_per_call(monkeypatch):
     assert env.reads == 0
     # no array the size of an output (or any buffer) allocated per call
     assert min(grown) < min(out.nbytes, 4096), grown
+
+
+def test_bound_calls_run_on_read_only_views_of_the_callers_arrays():
+    """A binding hands its kernels read-only views of ``u``, ``p`` and the
+    forcing (the one flavour they are compiled for), kept while the caller
+    passes the same arrays and made anew for new ones. Oracles: chem's
+    hand-derived right-hand side at every call (a stale view would give an
+    earlier array's values; an array changed in place must be seen) and the
+    compiled driver's signatures (no writable input compiled)."""
+    from tests.support.models import chem
+
+    doc = chem(cells=4)
+    doc["metadata"]["name"] = "BoundViews"       # a module of its own: no other test calls its driver
+    r = RhsProgram.build(doc)
+    rr = r.bind(4)
+    rng = np.random.default_rng(3)
+
+    def want(u, p):
+        A, B = u[:4], u[4:]
+        return np.concatenate([-p[0] * A + p[1] * B * B, p[0] * A - 2 * p[1] * B * B])
+
+    u1, u2, p = rng.uniform(0.5, 2.0, 8), rng.uniform(0.5, 2.0, 8), np.array([0.3, 2.0])
+    out = np.zeros(8)
+    for u in (u1, u1, u2, u1):
+        np.testing.assert_allclose(rr(u, p, 0.0, None, out), want(u, p), rtol=1e-14)
+        u *= 1.5                                  # in place: the next call with this array sees it
+    p[0] = 0.7
+    np.testing.assert_allclose(rr(u1, p, 0.0, None, out), want(u1, p), rtol=1e-14)
+    drv = r.kernel.driver()
+    sigs = getattr(drv, "drive", drv).signatures    # drive(u, f, p, ...)
+    assert sigs and all(not s[0].mutable and not s[1].mutable and not s[2].mutable for s in sigs), sigs

@@ -149,7 +149,11 @@ class Kernel:
         numba runs on one thread (the caller's thread policy). ``fused``: a
         plan's direct writes, ``scratch`` the tiled chunks' scratch. The call
         returns the number of non-finite values stored, or None when the
-        chunks do not count them (the caller scans ``out``)."""
+        chunks do not count them (the caller scans ``out``). The caller
+        passes ``u``, ``p`` and ``f`` read-only (the one flavour the chunks
+        are compiled for, :func:`~esmjac._frozen.ro`): a binding keeps its
+        read-only views while its caller passes the same arrays
+        (runtime/bound.py), so no call here makes one."""
         L = int(lanes)
         if self.engine == "tape":
             run = _interpreter(serial)
@@ -178,11 +182,11 @@ class Kernel:
                 return call
             if extra:
                 def call(u, p, t, f, out):
-                    return drive(ro(u), ro(f), ro(p), t, h, cix, out, L, scratch)
+                    return drive(u, f, p, t, h, cix, out, L, scratch)
                 return call
 
             def call(u, p, t, f, out):
-                return drive(ro(u), ro(f), ro(p), t, h, cix, out, L)
+                return drive(u, f, p, t, h, cix, out, L)
             return call
         pro = self.module().prologue
         par = self.chunk_calls(serial=False, fused=fused)
@@ -195,8 +199,7 @@ class Kernel:
             par_f, ser_f = tuple(fn for fn, _ in par), tuple(fn for fn, _ in ser)
 
             def call(u, p, t, f, out):
-                u, f = ro(u), ro(f)
-                pro(ro(p), t, h)
+                pro(p, t, h)
                 bad = 0
                 for fn in (ser_f if one_thread() else par_f):
                     bad += fn(u, f, h, cix, out, L, *extra)
@@ -204,8 +207,7 @@ class Kernel:
             return call
 
         def chunked(u, p, t, f, out):
-            u, f = ro(u), ro(f)
-            pro(ro(p), t, h)
+            pro(p, t, h)
             bad = 0
             for fn, is_cell in (ser if one_thread() else par):
                 if is_cell:
@@ -375,7 +377,8 @@ class FusedTape:
         lanes, tiles, hoisted values and lane map, non-zero when a stored
         value is not finite: float64 tiles on the mass-action kernel when
         :meth:`route` has one (and ``route``), its scratch allocated here;
-        else the tape (the serial twin of the interpreter when ``serial``)."""
+        else the tape (the serial twin of the interpreter when ``serial``).
+        ``u``, ``p`` and ``f`` come read-only (as :meth:`Kernel.bind`'s)."""
         run = _interpreter(serial)
         tapes, zs = (self.prologue, self.body), self.zero_slots
         L, W, P, C = int(lanes), int(tile), int(slots_per_lane), int(capacity)
@@ -385,7 +388,6 @@ class FusedTape:
             pro, poly = self.prologue, rt.bind(L, W, P, C, zs, parts=1 if serial else None)
 
             def call(u, p, t, f, out):
-                u, f, p = ro(u), ro(f), ro(p)
                 run(pro.code, pro.consts, u, f, p, t, h, cix, h, 1, pro.nreg, 0, 0, 1, NO_SLOTS)
                 return poly(u, f, p, t, h, cix, out)
             return call
