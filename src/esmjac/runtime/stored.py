@@ -164,7 +164,7 @@ def band_rows(bands) -> tuple:
 
 #: Fields never written into a stored core: the expressions (their own
 #: entry), generated code, and everything recomputed from the heads.
-_SKIP = {"Kernel": ("source", "tapes"), "JacobianProgram": ("meta", "doc", "bands"),
+_SKIP = {"Kernel": ("source", "prologue_source", "tapes"), "JacobianProgram": ("meta", "doc", "bands"),
          "RhsProgram": ("doc", "default_cix")}
 
 
