@@ -258,12 +258,15 @@ def test_lanes_positions_and_tiles_give_the_same_bits(leaf13):
 
 
 def test_the_vector_groups_give_the_loops_bits(leaf13):
-    """Whole 16-lane groups run as vector IR (_vrow, _vsum), other lanes and
-    tile widths through the loops: 40 lanes (two groups and a padded tile;
-    the RHS two groups summed as a pair and 8 lanes) against tile width 5
-    and 3-lane blocks, which never form a group, and against each lane
-    alone; the RHS on 56 lanes (a pair, an odd group alone, 8 lanes) against
-    those lanes of the 40."""
+    """Pairs of whole 16-lane groups run as vector IR (_vrow, _vsum2), an odd
+    group, other lanes and tile widths through the loops: 40 lanes (two
+    tiles as a pair and a padded tile; the RHS a pair and 8 lanes) against
+    tile width 5 and 3-lane blocks, which never form a group, 16-lane blocks
+    (each tile alone: the loops), 32-lane tiles (a pair inside one tile) and
+    each lane alone; on 56 lanes (the RHS: a pair, an odd group, 8 lanes; the
+    Jacobian: a pair, an odd tile, a padded tile) and the Jacobian on 96
+    lanes of 48-lane tiles (a pair across a tile's end, stored apart)
+    against those lanes of the 40."""
     lf = leaf13
     hz = lane_hoist(lf, lf.plan)
     u13, f13 = _state(lf, L, 3)
@@ -283,19 +286,26 @@ def test_the_vector_groups_give_the_loops_bits(leaf13):
     zs = jac.direct_tape(lf.plan).zero_slots
     jp, rp = hz.jac.poly, hz.rhs.poly
 
-    def dense(W, B):
-        C = -(-LL // W) * W
-        o = _run(jp, u, fz, hj, lf.p, LL, W, P, C, zs, B, size=P * C)
-        return o.reshape(C // W, P, W).transpose(1, 0, 2).reshape(P, C)[:, :LL]
+    def dense(W, B, n=LL, uu=u, ff=fz):
+        C = -(-n // W) * W
+        o = _run(jp, uu, ff, hj, lf.p, n, W, P, C, zs, B, size=P * C)
+        return o.reshape(C // W, P, W).transpose(1, 0, 2).reshape(P, C)[:, :n]
 
-    vec = dense(16, 16)
-    assert np.array_equal(dense(5, 15), vec) and np.array_equal(dense(16, 64), vec)
+    def lanes(c):
+        return (np.ascontiguousarray(u.reshape(nu, LL)[:, c]).reshape(-1),
+                np.ascontiguousarray(fz.reshape(nf, LL)[:, c]).reshape(-1))
+
+    vec = dense(16, 32)
+    for W, B in ((5, 15), (16, 16), (16, 64), (32, 32)):
+        assert np.array_equal(dense(W, B), vec), (W, B)
     hr = np.zeros(max(lf.rhs_program.kernel.n_hoist, 1))
     r = _run(rp, u, fz, hr, lf.p, LL, B=64, size=u.size).reshape(nu, LL)
     assert np.array_equal(_run(rp, u, fz, hr, lf.p, LL, B=3, size=u.size).reshape(nu, LL), r, equal_nan=True)
     c56 = (np.arange(56) * 7) % LL                     # every lane of the 40, in another order
-    u56 = np.ascontiguousarray(u.reshape(nu, LL)[:, c56]).reshape(-1)
-    f56 = np.ascontiguousarray(fz.reshape(nf, LL)[:, c56]).reshape(-1)
+    u56, f56 = lanes(c56)
+    assert np.array_equal(dense(16, 64, 56, u56, f56), vec[:, c56])
+    c96 = (np.arange(96) * 11) % LL
+    assert np.array_equal(dense(48, 96, 96, *lanes(c96)), vec[:, c96])
     r56 = _run(rp, u56, f56, hr, lf.p, 56, B=64, size=nu * 56).reshape(nu, 56)
     assert np.array_equal(r56, r[:, c56], equal_nan=True)
     for k in (0, 17, 31, 39):                         # each lane alone: one lane, the loops

@@ -24,16 +24,18 @@ caller keeps the tape (the leaf: :func:`esmjac.integrators.lanetape.run_fused`).
 machine, data-driven by read-only int32 / float64 arrays (nothing
 compiled per mechanism). Per block of :data:`BLOCK` lanes (whole tiles of
 the Jacobian's plan) it computes every monomial's row, then each output's
-terms summed in a fixed order, left to right, and stored once. Whole
-groups of :data:`VEC` lanes (one 16-lane tile of the Jacobian) run as
-LLVM vector IR (:func:`_vrow`, :func:`_vsum`: a row's product or an
-output's sum held in registers, no alias checks, no accumulator in
-memory); the other lanes of a block through plain loops (up to four
-terms per pass). Measured on GEOS-Chem fullchem (``benchmarks/RESULTS.md``):
-the output-major form beat computing each monomial and scattering it at
-once (read-modify-write of the outputs, 2.5× slower on the Jacobian);
-with the vector sums, blocks of 16 lanes (the monomial rows of a block in
-L2) beat 32 or 64. Every lane sees the same operations in the same order,
+terms summed in a fixed order, left to right, and stored once. Pairs of
+adjacent whole groups of :data:`VEC` lanes (two 16-lane tiles of the
+Jacobian, or 32 lanes of an untiled output) run as LLVM vector IR
+(:func:`_vrow`, :func:`_vsum2`: a row's product or an output's sum over
+both groups held in registers, one walk of the tables for the two; no
+alias checks, no accumulator in memory); an odd group and the other lanes
+of a block through plain loops (up to four terms per pass). Measured on
+GEOS-Chem fullchem (``benchmarks/RESULTS.md``): the output-major form beat
+computing each monomial and scattering it at once (read-modify-write of
+the outputs, 2.5× slower on the Jacobian); the Jacobian's blocks of one
+pair (32 lanes) beat one group (16 lanes, a half-size block of rows but
+twice the walks of the tables). Every lane sees the same operations in the same order,
 so a lane's bits do not depend on the lane count, its position, the tile
 width, the block or the thread count.
 
@@ -64,10 +66,11 @@ __all__ = ["PolyBody", "expand", "run_poly", "scratch_size", "MAX_GROWTH", "BLOC
 #: factors) exceed this multiple of the body's instructions.
 MAX_GROWTH = 4
 #: Lanes per block (rounded to whole tiles): the monomial rows of a block.
-#: A tiled output (the leaf's Jacobian) runs blocks of one 16-lane tile, its
-#: rows and sums in vector IR with the block's rows in L2; an untiled one
-#: (the right-hand side, 793 rows against the Jacobian's 1,203) :data:`UNTILED_BLOCK`.
-BLOCK = 16
+#: A tiled output (the leaf's Jacobian) runs blocks of two 16-lane tiles, its
+#: rows and sums in vector IR over both (one walk of the tables) with the
+#: block's rows in L2; an untiled one (the right-hand side, 793 rows against
+#: the Jacobian's 1,203) :data:`UNTILED_BLOCK`.
+BLOCK = 32
 #: Lanes per block of an untiled output: its rows through loops that read
 #: each input row's 64 lanes in one pass (measured: as fast as 16-lane
 #: blocks alone, faster in the leaf under load, where the inputs are not in cache).
@@ -287,7 +290,8 @@ def _order(k: tuple) -> tuple:
 _U64 = np.uint64
 
 
-#: Lanes of one vector sum (:func:`_vsum`): 4 AVX2 registers of float64.
+#: Lanes of one group: a 16-lane tile, 4 AVX2 registers of float64 (a
+#: vector sum or row, :func:`_vsum2`, :func:`_vrow`, holds two).
 VEC = 16
 
 
@@ -301,75 +305,72 @@ def _f64(*arrays) -> bool:
     return all(isinstance(a, types.Array) and a.dtype == types.float64 for a in arrays)
 
 
-def _vsum_of(n: int):
-    """:func:`_vsum` on ``n`` lanes (``VEC`` or ``2*VEC``)."""
-    def _vsum_n(typingctx, out, ob, S, sb, omono, ocoef, e0, e1, B):
-        if not _f64(out, S, ocoef):
-            return None
-        return types.void(out, ob, S, sb, omono, ocoef, e0, e1, B), _vsum_codegen(n)
-    return intrinsic(_vsum_n)
+@intrinsic
+def _vsum2(typingctx, out, ob, S, sb, omono, ocoef, e0, e1, B, d):
+    """``out[ob : ob+VEC]`` and ``out[ob+d : ob+d+VEC]`` = lanes ``0..VEC-1``
+    and ``VEC..2*VEC-1`` of ``Σ ocoef[e]·S[omono[e]*B + sb : +2*VEC]`` over
+    ``e`` in ``e0 .. e1-1``: one output's sum over two adjacent groups of
+    :data:`VEC` lanes (8 AVX2 registers), one walk of its terms for both;
+    the two halves stored apart (``d = VEC``: untiled, contiguous; a tiled
+    plan: the next group's run of the slot, in this tile or the next).
+    Added left to right from the first product (0 when empty), held in
+    registers and stored once. Emitted as LLVM vector IR on
+    ``<2*VEC x double>``: no alias check, no remainder loop, no accumulator
+    row in memory. ``fmul`` then ``fadd`` with no contraction flags: each
+    lane's bits are those of the scalar loop ``a = c0*x0; a = a + c1*x1; ...``
+    (a pass of four terms, ``c0*x0 + c1*x1 + c2*x2 + c3*x3``, is that same
+    sequence): a lane's operations do not depend on its neighbours."""
+    if not _f64(out, S, ocoef):
+        return None
+    return types.void(out, ob, S, sb, omono, ocoef, e0, e1, B, d), _vsum2_codegen
 
 
-def _vsum_codegen(n: int):
-    """``out[ob : ob+n] = Σ ocoef[e]·S[omono[e]*B + sb : +n]`` over ``e``
-    in ``e0 .. e1-1``, added left to right from the first product (0 when
-    empty), the sum held in registers and stored once. Emitted as LLVM
-    vector IR on ``<n x double>``: no alias check, no remainder loop, no
-    accumulator row in memory. ``fmul`` then ``fadd`` with no contraction
-    flags: each lane's bits are those of the scalar loop
-    ``a = c0*x0; a = a + c1*x1; ...`` (a pass of four terms,
-    ``c0*x0 + c1*x1 + c2*x2 + c3*x3``, is that same sequence), whatever
-    ``n``: a lane's operations do not depend on its neighbours."""
-    def codegen(context, builder, signature, args):
-        ot, _, st, _, mt, ct, _, _, _ = signature.args
-        out_, ob_, S_, sb_, om_, oc_, e0_, e1_, B_ = args
-        i64 = ir.IntType(64)
-        vt = ir.VectorType(ir.DoubleType(), n)
-        od = context.make_array(ot)(context, builder, out_).data
-        sd = context.make_array(st)(context, builder, S_).data
-        md = context.make_array(mt)(context, builder, om_).data
-        cd = context.make_array(ct)(context, builder, oc_).data
-        zero32 = ir.Constant(ir.VectorType(ir.IntType(32), n), [0] * n)
+def _vsum2_codegen(context, builder, signature, args):
+    n, h = 2 * VEC, VEC
+    ot, _, st, _, mt, ct, _, _, _, _ = signature.args
+    out_, ob_, S_, sb_, om_, oc_, e0_, e1_, B_, d_ = args
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    vt = ir.VectorType(ir.DoubleType(), n)
+    ht = ir.VectorType(ir.DoubleType(), h)
+    od = context.make_array(ot)(context, builder, out_).data
+    sd = context.make_array(st)(context, builder, S_).data
+    md = context.make_array(mt)(context, builder, om_).data
+    cd = context.make_array(ct)(context, builder, oc_).data
+    zero32 = ir.Constant(ir.VectorType(i32, n), [0] * n)
 
-        def term(e):
-            c = builder.load(builder.gep(cd, [e]))
-            cv = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, ir.Undefined), c,
-                                                               ir.IntType(32)(0)),
-                                        ir.Constant(vt, ir.Undefined), zero32)
-            i = _to_i64(builder, builder.load(builder.gep(md, [e])))
-            xp = builder.bitcast(builder.gep(sd, [builder.add(builder.mul(i, B_), sb_)]), vt.as_pointer())
-            x = builder.load(xp)
-            x.align = 8
-            return builder.fmul(cv, x)
-        acc = cgutils.alloca_once(builder, vt)
-        with builder.if_else(builder.icmp_unsigned(">", e1_, e0_)) as (some, none):
-            with some:
-                builder.store(term(e0_), acc)
-                with cgutils.for_range_slice(builder, builder.add(e0_, i64(1)), e1_, i64(1), inc=True) as (e, _):
-                    builder.store(builder.fadd(builder.load(acc), term(e)), acc)
-            with none:
-                builder.store(ir.Constant(vt, [0.0] * n), acc)
-        op = builder.bitcast(builder.gep(od, [ob_]), vt.as_pointer())
-        builder.store(builder.load(acc), op).align = 8
-        return context.get_dummy_value()
-    return codegen
-
-
-#: One output's sum over one group of :data:`VEC` lanes (:func:`_vsum_codegen`).
-_vsum = _vsum_of(VEC)
-#: The same over two adjacent groups (``2*VEC`` lanes, 8 AVX2 registers): one
-#: walk of the output's terms serves both (an untiled output, whose lanes
-#: are contiguous in ``S`` and ``out``).
-_vsum2 = _vsum_of(2 * VEC)
+    def term(e):
+        c = builder.load(builder.gep(cd, [e]))
+        cv = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, ir.Undefined), c, i32(0)),
+                                    ir.Constant(vt, ir.Undefined), zero32)
+        i = _to_i64(builder, builder.load(builder.gep(md, [e])))
+        xp = builder.bitcast(builder.gep(sd, [builder.add(builder.mul(i, B_), sb_)]), vt.as_pointer())
+        x = builder.load(xp)
+        x.align = 8
+        return builder.fmul(cv, x)
+    acc = cgutils.alloca_once(builder, vt)
+    with builder.if_else(builder.icmp_unsigned(">", e1_, e0_)) as (some, none):
+        with some:
+            builder.store(term(e0_), acc)
+            with cgutils.for_range_slice(builder, builder.add(e0_, i64(1)), e1_, i64(1), inc=True) as (e, _):
+                builder.store(builder.fadd(builder.load(acc), term(e)), acc)
+        with none:
+            builder.store(ir.Constant(vt, [0.0] * n), acc)
+    a = builder.load(acc)
+    und = ir.Constant(vt, ir.Undefined)
+    for off, lanes in ((ob_, range(h)), (builder.add(ob_, d_), range(h, n))):
+        half = builder.shuffle_vector(a, und, ir.Constant(ir.VectorType(i32, h), list(lanes)))
+        builder.store(half, builder.bitcast(builder.gep(od, [off]), ht.as_pointer())).align = 8
+    return context.get_dummy_value()
 
 
 @intrinsic
 def _vrow(typingctx, S, r, fkind, fidx, a0, a1, u, f, h, p, L, lo):
-    """``S[r : r+VEC]`` = the product of factors ``a0 .. a1-1`` (kinds as in
-    :class:`PolyBody`) over lanes ``lo .. lo+VEC-1`` of the input rows,
+    """``S[r : r+2*VEC]`` = the product of factors ``a0 .. a1-1`` (kinds as in
+    :class:`PolyBody`) over lanes ``lo .. lo+2*VEC-1`` of the input rows
+    (two adjacent groups, as :func:`_vsum2` sums them),
     applied left to right from the first (1 when none; a divisor first:
     ``1/x``), held in registers and stored once. LLVM vector IR as
-    :func:`_vsum`: each lane's bits are those of the scalar loops."""
+    :func:`_vsum2`: each lane's bits are those of the scalar loops."""
     if not _f64(S, u, f, h, p):
         return None
     sig = types.void(S, r, fkind, fidx, a0, a1, u, f, h, p, L, lo)
@@ -378,12 +379,12 @@ def _vrow(typingctx, S, r, fkind, fidx, a0, a1, u, f, h, p, L, lo):
         st, _, kt, it, _, _, ut, ft, ht, pt, _, _ = signature.args
         S_, r_, k_, i_, a0_, a1_, u_, f_, h_, p_, L_, lo_ = args
         i64, i32 = ir.IntType(64), ir.IntType(32)
-        vt = ir.VectorType(ir.DoubleType(), VEC)
+        vt = ir.VectorType(ir.DoubleType(), 2 * VEC)
         vp = vt.as_pointer()
         sd, kd, idd, ud, fd, hd, pd = (context.make_array(t)(context, builder, v).data for t, v in
                                        ((st, S_), (kt, k_), (it, i_), (ut, u_), (ft, f_), (ht, h_), (pt, p_)))
-        zero32 = ir.Constant(ir.VectorType(i32, VEC), [0] * VEC)
-        one = ir.Constant(vt, [1.0] * VEC)
+        zero32 = ir.Constant(ir.VectorType(i32, 2 * VEC), [0] * (2 * VEC))
+        one = ir.Constant(vt, [1.0] * (2 * VEC))
         acc = cgutils.alloca_once(builder, vt)
         builder.store(one, acc)
         with cgutils.for_range_slice(builder, a0_, a1_, i64(1), inc=True) as (q, _):
@@ -436,15 +437,16 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
     Per block of ``B`` lanes (a multiple of ``W`` when tiled): every
     monomial's row into a buffer, then each output's terms summed in their
     order, left to right, and stored once. The block's whole groups of
-    :data:`VEC` lanes (when ``W`` is 0 or a multiple of ``VEC``) run
-    :func:`_vrow` and :func:`_vsum`, each output's sum straight into its
-    slot (untiled: two adjacent groups per walk of the output's terms,
-    :func:`_vsum2`); the rest of the block (lanes past the last whole group
-    or tile) runs the loops below: up to four terms per pass over the lanes
+    :data:`VEC` lanes (when ``W`` is 0 or a multiple of ``VEC``) run in
+    pairs: :func:`_vsum2`, each output's sum over two adjacent groups per
+    walk of its terms, straight into its slot (the two halves stored apart
+    when tiled), and :func:`_vrow` for the rows when the block is one pair;
+    the rest of the block (an odd group: when tiled, the last whole tile;
+    lanes past the last whole group or tile) runs the loops below: up to four terms per pass over the lanes
     (``a + t1 + t2`` is ``(a + t1) + t2``, the bits of one term per pass)
     into an accumulator row, copied into the output's tiles (a padded last
     tile: lane ``L-1``'s value). This path serves a block's tail only (the
-    leaf: a lane count off the 16-lane groups), so it is kept small: one
+    leaf: a lane count off the 32-lane pairs), so it is kept small: one
     loop nest per case, no direct-store variants, whose compile time it
     would not repay. ``scratch``: at least :func:`scratch_size`
     values (the monomial rows and the accumulator; a smaller one is
@@ -477,13 +479,17 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
         if m == 0:
             break
         l0u = _U64(l0)
-        # whole groups of VEC lanes summed by _vsum (whole tiles when tiled:
-        # a group is VEC contiguous values of a slot); the rest of the
-        # block's lanes, from lane ls on, by the loops below
+        # pairs of whole groups of VEC lanes summed by _vsum2 (whole tiles
+        # when tiled: a group is VEC contiguous values of a slot); the rest
+        # of the block's lanes, from lane ls on (a tile's first lane), by
+        # the loops below: an odd group, lanes past the last whole group
         if W == 0:
             ng = m // VEC
+            ng -= ng % 2
         elif W % VEC == 0:
             ng = (m // W) * (W // VEC)
+            if ng % 2 == 1:                     # the last whole tile by the loops
+                ng -= W // VEC
         else:
             ng = 0
         ls = ng * VEC
@@ -502,14 +508,14 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
         # (fields first, as the expansion sorts them: f·f·f, f·f·u, f·u·u,
         # u·u·u, or two of them), then each further factor, left to right:
         # the same bits as one factor per pass
-        # (by _vrow when a block is one group: from L2 when the block's rows
-        # are, while a wider block's rows stream a row's lanes in one pass)
-        ngr = ng if B <= VEC else 0
+        # (by _vrow when a block is one pair of groups: the block's rows from
+        # L2, while a wider block's rows stream a row's lanes in one pass)
+        ngr = ng if B <= 2 * VEC else 0
         rs = ngr * VEC
         rsu = _U64(rs)
         rmu = _U64(m - rs)
         rl0u = _U64(l0 + rs)
-        for g in range(ngr):
+        for g in range(0, ngr, 2):
             lo = l0u + _U64(g * VEC)
             sb = _U64(g * VEC)
             for i in range(nm):
@@ -603,26 +609,21 @@ def run_poly(fptr, fkind, fidx, optr, omono, ocoef, targets, u, f, h, p, out, L,
                     else:
                         for j in range(rmu):
                             S[r + j] = S[r + j] / c
-        # -- each output over the whole groups: _vsum straight into its slot
-        # (untiled: two groups per walk of an output's terms, a last odd group alone)
-        g2 = 0                                  # groups summed in pairs
-        while W == 0 and g2 + 2 <= ng:
-            gb = _U64(l0 + g2 * VEC)
-            sb = _U64(g2 * VEC)
-            for k in range(targets.shape[0]):
-                _vsum2(out, gb + _U64(targets[k]) * Lu, S, sb, omono, ocoef, _U64(optr[k]), _U64(optr[k + 1]), Bu)
-            g2 += 2
-        for g in range(g2, ng):
+        # -- each output over the pairs of whole groups: _vsum2 straight into
+        # its slot, one walk of the output's terms for both groups
+        for g in range(0, ng, 2):
             lg = l0 + g * VEC
             if W == 0:
                 gb = _U64(lg)
                 ts = Lu
+                d = _U64(VEC)
             else:
                 gb = _U64((lg // W) * P * W + lg % W)
                 ts = Wu
+                d = _U64(((lg + VEC) // W) * P * W + (lg + VEC) % W) - gb
             sb = _U64(g * VEC)
             for k in range(targets.shape[0]):
-                _vsum(out, gb + _U64(targets[k]) * ts, S, sb, omono, ocoef, _U64(optr[k]), _U64(optr[k + 1]), Bu)
+                _vsum2(out, gb + _U64(targets[k]) * ts, S, sb, omono, ocoef, _U64(optr[k]), _U64(optr[k + 1]), Bu, d)
         # -- each output: its terms into the accumulator, then stored
         for k in range(targets.shape[0] if mg > 0 else 0):
             e0 = optr[k]
