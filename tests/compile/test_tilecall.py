@@ -119,3 +119,9 @@ def test_direct_writes_and_the_serial_driver_resolve_their_tables():
         assert drive(u, f, j.p0, 0.0, np.zeros(max(k.n_hoist, 1)), cix, out, L, S) == 0
         assert np.array_equal(out.view(np.uint8), ref.view(np.uint8))
     assert np.count_nonzero(drive.table) == 2 * len(k.chunks)
+    # The driver passes the tile width and scratch size to the package's
+    # loop as int64: literals compiled the loop once per plan and model
+    # (no caller passes a literal: this holds for every signature).
+    from numba.core import types as nt
+    sigs = tc.serial_fl.signatures
+    assert sigs and not any(isinstance(t, nt.Literal) for s in sigs for t in s), sigs

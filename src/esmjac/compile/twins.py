@@ -128,11 +128,16 @@ def serial_driver(mod, calls: tuple):
                 tcs.append(fn)
                 v = "vf" if fn.kind == "fl" else "vr"
                 check += [f"    if A[{r}, {v}] == 0:", f"        return -1 - ({r} * _tc.NVARIANTS + {v})"]
+                # The width and scratch size as int64, not literals: Numba
+                # compiles a callee once per literal value it is called
+                # with (serial_fl per plan and model: ~0.5 s each), and
+                # the loops are the package's, one per flavour.
                 if fn.kind == "fl":
                     lines.append(f"z{i} = _k.{name}.zr")
-                    body.append(f"    n += _tc.serial_fl(A[{r}], u, f, h, cix, out, L, S, {fn.w}, {fn.sz}, z{i})")
+                    body.append(f"    n += _tc.serial_fl(A[{r}], u, f, h, cix, out, L, S, np.int64({fn.w}), "
+                                f"np.int64({fn.sz}), z{i})")
                 else:
-                    body.append(f"    n += _tc.serial_rhs(A[{r}], u, f, h, cix, out, L, {fn.w})")
+                    body.append(f"    n += _tc.serial_rhs(A[{r}], u, f, h, cix, out, L, np.int64({fn.w}))")
                 continue
             lines.append(f"c{i} = _k.{name}")
             body.append("    " + call[kind].format(i))
