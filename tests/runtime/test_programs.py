@@ -51,12 +51,31 @@ SCALED = {
 }
 
 
+def _without_field_ics(doc):
+    """The document with its fields' initial-condition equations replaced by a
+    scalar default (0.5): earthsci-ast evaluates an IC aggregate once per cell
+    over the whole range (quadratic in cells: minmod_adv's tent at 10^4 cells
+    cost 13 s of the oracle's build, 2.6 s without). The right-hand side, the
+    point of the test, is untouched; the states are random either way
+    (``point``), now O(1) in every cell where the tent left most at ~1e-3."""
+    for m in doc["models"].values():
+        keep = []
+        for e in m.get("equations", []):
+            lhs = e["lhs"]
+            if isinstance(lhs, dict) and lhs.get("op") == "ic":
+                m["variables"][lhs["args"][0]].setdefault("default", 0.5)
+            else:
+                keep.append(e)
+        m["equations"] = keep
+    return doc
+
+
 @pytest.mark.parametrize("fx", sorted(SCALED))
 def test_rhs_scaled_matches_earthsci(fx):
     """Index sets resized to 10^4 cells; earthsci-ast's vectorized NumPy
     right-hand side (copied per call) is the oracle."""
     from benchmarks import peers
-    doc = _resized(fx, SCALED[fx])
+    doc = _without_field_ics(_resized(fx, SCALED[fx]))
     r = RhsProgram.build(doc)
     ref_rhs = peers.earthsci_rhs(doc)
     assert list(ref_rhs.names) == list(r.names)
