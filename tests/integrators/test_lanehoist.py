@@ -32,7 +32,7 @@ from esmjac.errors import JacError
 from esmjac.integrators import bound
 from esmjac.integrators.bound import BoundPrograms, lane_hoist
 from esmjac.models.mechanism import lift
-from tests.support.leafgrid import DT, NS
+from tests.support.leafgrid import DT, NS, lane_blocks
 from tests.support.leafgrid import heterogeneous_grid as _grid
 from tests.support.programs import TROPO12
 
@@ -226,7 +226,8 @@ def test_hoisted_leaf_against_radau(leaves):
     def f(t, y):
         return rhs.eval_into(np.ascontiguousarray(y), on.p, t, F, np.empty_like(y), sc)
 
-    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(on.atol, L))
+    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(on.atol, L),
+                    jac_sparsity=lane_blocks(NS, L))
     assert ref.success
     y = ref.y[:, -1]
     atol = np.repeat(on.atol, L)

@@ -18,7 +18,7 @@ from esmjac.adapters.native import rosenbrock
 from esmjac.errors import JacError
 from esmjac.integrators.lanestep import STATUS
 from esmjac.models.mechanism import lift
-from tests.support.leafgrid import replay_case
+from tests.support.leafgrid import lane_blocks, replay_case
 from tests.support.programs import TROPO12
 
 NS = 15           # tropo12 species
@@ -63,7 +63,8 @@ def test_matches_tight_radau(leaf):
     def f(t, y):
         return rhs.eval_into(np.ascontiguousarray(y), p, t, fj, np.empty_like(y), sc)
 
-    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
+    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L),
+                    jac_sparsity=lane_blocks(NS, L))
     assert ref.success
     yr = ref.y[:, -1]
     big = np.abs(yr) > 1e3 * np.repeat(leaf.atol, L)
@@ -208,7 +209,8 @@ def test_callable_forcing_at_stage_times(leaf):
     def f(t, y):
         return rhs.eval_into(np.ascontiguousarray(y), p, t, ramp(t) * np.array([1.0, 0.5]), np.empty_like(y), sc)
 
-    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
+    ref = solve_ivp(f, (0.0, DT), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L),
+                    jac_sparsity=lane_blocks(NS, L))
     yr = ref.y[:, -1]
     big = np.abs(yr) > 1e3 * np.repeat(leaf.atol, L)
     assert np.max(np.abs(v - yr)[big] / np.abs(yr[big])) < 1e-3

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.integrate import solve_ivp
+from scipy.sparse import identity, kron
 
 NS = 15           # tropo12 species
 DT = 1200.0       # a 20-minute chemistry step
@@ -20,6 +21,15 @@ def heterogeneous_grid(leaf, L, seed=0):
     return u, fj
 
 
+def lane_blocks(n, L):
+    """SciPy's ``jac_sparsity`` for ``n`` species on ``L`` independent lanes
+    (states species-major, ``s*L + l``): a full n×n block per lane. Radau's
+    finite-difference Jacobian then takes n grouped RHS calls, not n·L (the
+    tropo12 grids' reference: 4.3 -> 1.4 s of CPU, the same state to 2e-14);
+    it only steers Newton's iteration, the solution is the RHS's."""
+    return kron(np.ones((n, n)), identity(L), format="csr")
+
+
 def radau_reference(leaf, u, fj, L, dt=DT):
     """The state after ``dt`` from SciPy's Radau at rtol 1e-10."""
     rhs, p = leaf.rhs_program, leaf.p
@@ -28,7 +38,8 @@ def radau_reference(leaf, u, fj, L, dt=DT):
     def f(t, y):
         return rhs.eval_into(np.ascontiguousarray(y), p, t, fj, np.empty_like(y), sc)
 
-    ref = solve_ivp(f, (0.0, dt), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L))
+    ref = solve_ivp(f, (0.0, dt), u, method="Radau", rtol=1e-10, atol=1e-6 * np.repeat(leaf.atol, L),
+                    jac_sparsity=lane_blocks(u.size // L, L))
     assert ref.success
     return ref.y[:, -1]
 
