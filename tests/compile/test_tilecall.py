@@ -73,7 +73,7 @@ def test_an_unresolved_variant_is_never_called():
         h = np.zeros(max(g.n_hoist, 1))
         out = np.full(n * 5, -7.0, dtype)
         table = np.zeros(tc.NVARIANTS, np.int64)
-        assert tc.serial_rhs(table, u, f, h, cix, out, 5, sc.w) == -1 - v
+        assert tc.serial_loop("rhs")(table, u, f, h, cix, out, 5, sc.w) == -1 - v
         assert tc.parallel_rhs(table, u, f, h, cix, out, 5, sc.w) == -1 - v
         assert np.all(out == -7.0)
         sc.table[:] = 0
@@ -123,5 +123,5 @@ def test_direct_writes_and_the_serial_driver_resolve_their_tables():
     # loop as int64: literals compiled the loop once per plan and model
     # (no caller passes a literal: this holds for every signature).
     from numba.core import types as nt
-    sigs = tc.serial_fl.signatures
+    sigs = tc.serial_loop("fl").signatures
     assert sigs and not any(isinstance(t, nt.Literal) for s in sigs for t in s), sigs

@@ -9,11 +9,12 @@ the tile function's own compile again, for a loop that does nothing but
 call it (benchmarks/compile_events.py: ``sflchunk``/``schunk``/``_chunk``,
 ≈ 425 s of a cold test run's 1,595 s of Numba compile).
 
-Here the loops are written once, for every model and chunk: the serial and
-the parallel loop of a direct-write chunk (:func:`serial_fl`,
-:func:`parallel_fl`) and of a right-hand side chunk (:func:`serial_rhs`,
-:func:`parallel_rhs`), cached by Numba (``cache=True``) beside the package
-like any of its kernels. They call the tile function through the address
+Here the loops are written once, for every model and chunk: the loop of a
+direct-write chunk (:func:`parallel_fl`) and of a right-hand side chunk
+(:func:`parallel_rhs`), cached by Numba (``cache=True``) beside the package
+like any of its kernels, and their serial twins (:func:`serial_loop`: the
+same text with ``prange`` as ``range``, compiled from the kernel cache by
+content hash, as the tape interpreter's twin is). They call the tile function through the address
 of its C-ABI wrapper (Numba writes one for every function it compiles):
 an integer argument, so their modules link nothing and their type does
 not name the callee. The tile function is compiled (or loaded from Numba's
@@ -42,7 +43,7 @@ from numba.extending import intrinsic
 
 from ..errors import JacError
 
-__all__ = ["TileCall", "serial_fl", "parallel_fl", "serial_rhs", "parallel_rhs", "variant",
+__all__ = ["TileCall", "parallel_fl", "parallel_rhs", "serial_loop", "variant",
            "NVARIANTS", "TILES_PER_ITEM"]
 
 #: Tiles per parallel work item of a direct-write chunk (one scratch section each).
@@ -132,35 +133,16 @@ def call_rhs(typingctx, a, u, f, cix, L, l0, h, out, Lo, lo, j0, m):
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
-@nb.njit(**_JIT)
-def serial_fl(A, u, f, h, cix, out, L, S, w, sz, zr):
-    """A direct-write chunk over ``L`` lanes in tiles of ``w``: per work
-    item of :data:`TILES_PER_ITEM` tiles its scratch section ``sz`` of
-    ``S``, the runs ``zr`` (``[[first, past_last], ...]``, elements) of it
-    zeroed (the output sections no band of the chunk stores), then each
-    tile; the number of non-finite values stored (``-1 - variant`` when
-    the tile function's address for this call's variant is not in ``A`` yet)."""
-    v = variant(u, f, h, out, S)
-    a = A[v]
-    if a == 0:
-        return -1 - v
-    nt = (L + w - 1) // w
-    bad = 0
-    for it in range((nt + TILES_PER_ITEM - 1) // TILES_PER_ITEM):
-        Sv = S[it * sz:(it + 1) * sz]
-        for k in range(zr.shape[0]):
-            z0 = nb.uint64(zr[k, 0])     # unsigned: no wraparound select per store (a memset)
-            for j in range(zr[k, 1] - zr[k, 0]):
-                Sv[z0 + nb.uint64(j)] = 0.0
-        for t in range(it * TILES_PER_ITEM, min(nt, (it + 1) * TILES_PER_ITEM)):
-            bad += call_fl(a, u, f, h, cix, out, L, w, t, Sv)
-    return bad
-
-
 @nb.njit(parallel=True, **_JIT)
 def parallel_fl(A, u, f, h, cix, out, L, S, w, sz, zr):
-    """:func:`serial_fl` with its work items in a ``prange`` (each item its
-    own scratch section: the same bits for any thread count)."""
+    """A direct-write chunk over ``L`` lanes in tiles of ``w``: per work
+    item of :data:`TILES_PER_ITEM` tiles (a ``prange``: each item its own
+    scratch section, so the same bits for any thread count) its scratch
+    section ``sz`` of ``S``, the runs ``zr`` (``[[first, past_last], ...]``,
+    elements) of it zeroed (the output sections no band of the chunk
+    stores), then each tile; the number of non-finite values stored
+    (``-1 - variant`` when the tile function's address for this call's
+    variant is not in ``A`` yet). Its serial twin: :func:`serial_loop`."""
     v = variant(u, f, h, out, S)
     a = A[v]
     if a == 0:
@@ -178,28 +160,13 @@ def parallel_fl(A, u, f, h, cix, out, L, S, w, sz, zr):
     return bad
 
 
-@nb.njit(**_JIT)
-def serial_rhs(A, u, f, h, cix, out, L, w):
-    """A right-hand side chunk over ``L`` lanes in tiles of ``w`` (the last
-    tile shifted back to end at lane ``L - 1``; fewer than ``w`` lanes in
-    one call over them); the number of non-finite values stored
-    (``-1 - variant``: the address is not in ``A`` yet)."""
-    v = variant(u, f, h, out, out)
-    a = A[v]
-    if a == 0:
-        return -1 - v
-    if L < w:
-        return call_rhs(a, u, f, cix, L, 0, h, out, L, 0, 0, L)
-    bad = 0
-    for t in range((L + w - 1) // w):
-        l0 = min(t * w, L - w)
-        bad += call_rhs(a, u, f, cix, L, l0, h, out, L, l0, t * w - l0, w)
-    return bad
-
-
 @nb.njit(parallel=True, **_JIT)
 def parallel_rhs(A, u, f, h, cix, out, L, w):
-    """:func:`serial_rhs` with its tiles in a ``prange``."""
+    """A right-hand side chunk over ``L`` lanes in tiles of ``w`` (a
+    ``prange``; the last tile shifted back to end at lane ``L - 1``; fewer
+    than ``w`` lanes in one call over them); the number of non-finite values
+    stored (``-1 - variant``: the address is not in ``A`` yet). Its serial
+    twin: :func:`serial_loop`."""
     v = variant(u, f, h, out, out)
     a = A[v]
     if a == 0:
@@ -211,6 +178,16 @@ def parallel_rhs(A, u, f, h, cix, out, L, w):
         l0 = min(t * w, L - w)
         bad += call_rhs(a, u, f, cix, L, l0, h, out, L, l0, t * w - l0, w)
     return bad
+
+
+def serial_loop(kind: str):
+    """The serial twin of :func:`parallel_fl` (``kind`` ``"fl"``) or
+    :func:`parallel_rhs` (``"rhs"``): the same source with ``prange`` as
+    ``range`` (compile/twins.py, from the kernel cache by content hash), so
+    the serial and the parallel loop are one text and give the same bits."""
+    from .twins import serial_twin      # (twins imports this module)
+
+    return serial_twin(parallel_fl if kind == "fl" else parallel_rhs)
 
 
 def _floats(v: int) -> tuple:
@@ -234,8 +211,7 @@ class TileCall:
         z.setflags(write=False)
         self.zr = z
         self.table = np.zeros(NVARIANTS, np.int64)
-        self.loop = {("fl", False): serial_fl, ("fl", True): parallel_fl,
-                     ("rhs", False): serial_rhs, ("rhs", True): parallel_rhs}[kind, self.parallel]
+        self.loop = (parallel_fl if kind == "fl" else parallel_rhs) if self.parallel else serial_loop(kind)
         self.__name__ = f"{'' if self.parallel else 's'}{getattr(tile, '__name__', 'tile_')[5:]}"
 
     @property

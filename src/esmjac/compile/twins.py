@@ -115,7 +115,8 @@ def serial_driver(mod, calls: tuple):
         lines = [f"# esmjac: serial driver of {mod.__name__} (generated; do not edit)",
                  "import sys as _sys", "import numba as nb", "import numpy as np",
                  "import esmjac.compile.tilecall as _tc",
-                 f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue"]
+                 f"_k = _sys.modules[{mod.__name__!r}]", "prologue = _k.prologue",
+                 "_sfl, _srhs = _tc.serial_loop('fl'), _tc.serial_loop('rhs')   # the tile loops' serial twins"]
         body = ["    prologue(p, t, h)", "    n = 0"]
         check: list = []
         call = {"cell": "c{}(u, f, h, cix, out, L)", "global": "c{}(u, f, h, out)",
@@ -134,10 +135,10 @@ def serial_driver(mod, calls: tuple):
                 # the loops are the package's, one per flavour.
                 if fn.kind == "fl":
                     lines.append(f"z{i} = _k.{name}.zr")
-                    body.append(f"    n += _tc.serial_fl(A[{r}], u, f, h, cix, out, L, S, np.int64({fn.w}), "
+                    body.append(f"    n += _sfl(A[{r}], u, f, h, cix, out, L, S, np.int64({fn.w}), "
                                 f"np.int64({fn.sz}), z{i})")
                 else:
-                    body.append(f"    n += _tc.serial_rhs(A[{r}], u, f, h, cix, out, L, np.int64({fn.w}))")
+                    body.append(f"    n += _srhs(A[{r}], u, f, h, cix, out, L, np.int64({fn.w}))")
                 continue
             lines.append(f"c{i} = _k.{name}")
             body.append("    " + call[kind].format(i))
