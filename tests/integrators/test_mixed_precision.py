@@ -85,8 +85,9 @@ def test_block_lanes_shrink_for_large_mechanisms(monkeypatch):
 
 def test_tape_engine_jacobian_stored_straight_into_tiles(doc8, monkeypatch):
     # The leaf's bound Jacobian for the tape engine writes the plan's tile
-    # slots directly (no band slab); oracle: the program's own slab path
-    # (keep_slab=True: band slab, then the plan's scatter) at the same state
+    # slots directly (no band slab), in its LU's slot order (matrix_plan);
+    # oracle: the program's own slab path (keep_slab=True: band slab, then
+    # that plan's scatter) at the same state
     # — the same instructions, so the same bits — and, for the leaf as a
     # whole, the codegen engine's leaf (an independently generated kernel).
     from esmjac.integrators import bound
@@ -103,8 +104,8 @@ def test_tape_engine_jacobian_stored_straight_into_tiles(doc8, monkeypatch):
         st.lane_prologue(fz, st.cix, L)
     st.jac(u, fz, st.cix, L, out)
     ws = lf.jac_program.new_workspace(L, keep_slab=True)
-    ref = np.full(lf.plan.out_size(L), np.nan)
-    lf.jac_program.eval_into(lf.plan, u, lf.p, 0.0, fj, ref, ws)
+    ref = np.full(lf.matrix_plan.out_size(L), np.nan)
+    lf.jac_program.eval_into(lf.matrix_plan, u, lf.p, 0.0, fj, ref, ws)
     assert np.array_equal(out[:ref.size], ref)
     cg = rosenbrock(doc8, rtol=RTOL, threads=1)
     assert cg.jac_program.kernel.engine == "codegen"

@@ -15,12 +15,12 @@ from esmjac.errors import JacError
 from esmjac.linalg.sparse_lu import SparseLaneLU, tiled_size
 
 
-def _system(n=10, L=203, seed=4):
+def _system(n=10, L=203, seed=4, storage="pattern"):
     rng = np.random.default_rng(seed)
     P = [[i == j or bool(rng.random() < 0.3) for j in range(n)] for i in range(n)]
     order = markowitz_ordering(P)
     F = lu_fill([[P[order[i]][order[j]] for j in range(n)] for i in range(n)])
-    lu = SparseLaneLU(n, tuple((i, j) for i in range(n) for j in range(n) if F[i][j]))
+    lu = SparseLaneLU(n, tuple((i, j) for i in range(n) for j in range(n) if F[i][j]), storage=storage)
     M = np.zeros((L, n, n))
     for r, c in lu.pattern:
         M[:, r, c] = rng.uniform(-1, 1, L)
@@ -76,19 +76,21 @@ def _shifted(kernel, lu):
     return lambda *a: factor_shifted_rows(*a, *lu.row_ops())
 
 
+@pytest.mark.parametrize("storage", ["pattern", "split"])
 @pytest.mark.parametrize("wa", ["chunk", "vec"])
 @pytest.mark.parametrize("kernel", ["lanes", "rows"])
 @pytest.mark.parametrize("L, WJ", [(3, None), (203, 16), (600, 5), (600, None)])
-def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kernel, wa):
+def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kernel, wa, storage):
     # factor_shifted_lanes / _rows read J in the Jacobian's tiles (WJ) and write
     # I/(h_l γ) − J in the LU's own tiles (WA = CHUNK, or one tile below it; or
     # VEC: whole tiles through the vector intrinsics, a partial last tile
     # through the loops, J's rows copied as runs when WJ = WA);
     # oracles: a dense NumPy solve per lane, and (bitwise) the separate
     # assembly followed by the serial factor_lanes on untiled storage (the
-    # scalar loops: one tile of L lanes is never a whole VEC-lane tile here).
+    # scalar loops: one tile of L lanes is never a whole VEC-lane tile here),
+    # in either storage order of the slots.
     from esmjac.linalg.sparse_lu import CHUNK, VEC, factor_lanes, solve_lanes
-    lu, M, b = _system(L=L, seed=7)
+    lu, M, b = _system(L=L, seed=7, storage=storage)
     factor_shifted_lanes = _shifted(kernel, lu)
     rng = np.random.default_rng(1)
     J = -lu.pack(M)                                     # so that −J is the well-conditioned M
@@ -117,8 +119,9 @@ def test_fused_shift_and_factor_matches_dense_and_separate_assembly(L, WJ, kerne
     assert np.array_equal(x, y)
 
 
-@pytest.mark.parametrize("L, WJ", [(203, 16), (600, 5), (20, 16)])
-def test_float32_factors_on_their_32_lane_vector_tiles(L, WJ):
+@pytest.mark.parametrize("L, WJ, storage", [(203, 16, "pattern"), (600, 5, "pattern"), (20, 16, "pattern"),
+                                            (203, 16, "split")])
+def test_float32_factors_on_their_32_lane_vector_tiles(L, WJ, storage):
     # precision="mixed": float64 J in 16-lane tiles, float32 factors in tiles
     # of vec_lanes(float32) = 32 (whole tiles through the vector intrinsics
     # on <32 x float>, J's 16-lane runs negated and narrowed by one vector op
@@ -130,7 +133,7 @@ def test_float32_factors_on_their_32_lane_vector_tiles(L, WJ):
     from esmjac.layouts.types import untile
     from esmjac.linalg.sparse_lu import CHUNK, VEC, factor_lanes, factor_shifted_rows, solve_lanes, vec_lanes
     assert vec_lanes(np.float32) == 2 * VEC and vec_lanes(np.float64) == VEC
-    lu, M, b = _system(L=L, seed=5)
+    lu, M, b = _system(L=L, seed=5, storage=storage)
     rng = np.random.default_rng(2)
     J = -lu.pack(M)
     hs, gamma = rng.uniform(0.5, 50.0, L), 0.5
@@ -227,3 +230,57 @@ def test_transpose_solve_on_vector_tiles_matches_dense_and_untiled(dtype):
     ref = np.linalg.solve(np.transpose(M, (0, 2, 1)), b.T[..., None])[..., 0].T
     tol = 1e-12 if dtype == np.float64 else 1e-5
     np.testing.assert_allclose(xt.reshape(b.shape), ref, rtol=tol, atol=tol)
+
+
+def test_split_storage_layout_and_in_place_factor_and_solves_match_dense():
+    # L and U stored apart (storage="split"), on a pattern with fill-in. The
+    # layout as documented, built here from the pattern alone: L's entries
+    # row by row, then rows n-1 .. 0 each with its strict upper entries and
+    # its diagonal last; slot(), pack() and every op list in that order.
+    # Then the leaf's path: J written in the LU's order straight into the
+    # factorisation's 16-lane tiles and formed, shifted and factored in place
+    # (J is A), the stage solves (rowdot2 pairs, a single rowdot tile, a
+    # partial tile) and the transposed solves. Oracles: a dense NumPy solve
+    # per lane, and bitwise the pattern storage's factors and solutions.
+    from esmjac.integrators.lanestep import _stage_solve
+    from esmjac.linalg.sparse_lu import CHUNK, factor_shifted_rows, solve_lanes, solve_transpose_lanes
+    n, L, gamma = 10, 53, 0.5
+    lp, M, b = _system(n=n, L=L, seed=21)
+    ls = SparseLaneLU(n, lp.pattern, storage="split")
+    pat = lp.pattern
+    assert len(pat) > sum(1 for r, c in pat if r == c) + 10            # off-diagonal entries, fill-in among them
+    want = [rc for rc in pat if rc[1] < rc[0]]
+    for i in range(n - 1, -1, -1):
+        want += [rc for rc in pat if rc[0] == i and rc[1] > i] + [(i, i)]
+    assert [ls.slot(r, c) for r, c in want] == list(range(len(pat)))
+    assert [lp.slot(r, c) for r, c in pat] == list(range(len(pat)))   # the default: the pattern's order
+    assert ls.storage == "split" and np.array_equal(ls.position, [ls.slot(r, c) for r, c in pat])
+    assert np.array_equal(ls.pack(M).reshape(len(pat), L), lp.pack(M).reshape(len(pat), L)[np.argsort(ls.position)])
+    with pytest.raises(JacError, match="storage"):
+        SparseLaneLU(n, pat, storage="columns")
+    hs = np.random.default_rng(3).uniform(0.5, 50.0, L)
+    Md = M + np.eye(n)[None] / (hs * gamma)[:, None, None]
+    refx = np.linalg.solve(Md, b.T[..., None])[..., 0].T
+    reft = np.linalg.solve(np.transpose(Md, (0, 2, 1)), b.T[..., None])[..., 0].T
+    got = {}
+    for lu in (lp, ls):
+        A = _tile(-lu.pack(M), lu.nnz, L, 16)                         # J in the LU's order, 16-lane tiles
+        bad = np.zeros(L, np.int64)
+        factor_shifted_rows(A, 16, A, 16, hs, gamma, lu.nnz, L, CHUNK, *lu.factor_ops(), bad, *lu.row_ops())
+        assert np.all(bad == -1)
+        x, xt = b.reshape(-1).copy(), b.reshape(-1).copy()
+        solve_lanes(A, x, lu.nnz, L, 16, CHUNK, *lu.solve_ops())
+        solve_transpose_lanes(A, xt, lu.nnz, L, 16, *lu.solve_ops())
+        np.testing.assert_allclose(x.reshape(b.shape), refx, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(xt.reshape(b.shape), reft, rtol=1e-12, atol=1e-12)
+        # one stage solve as the leaf runs it (K0 = F, no other stage): K0 = W⁻¹ F
+        K = np.zeros((1, n * L))
+        ch, none, nz = np.zeros(L), np.zeros(0, np.int64), np.zeros(0)
+        perm = np.arange(n, dtype=np.int64)
+        _stage_solve(b.reshape(-1), K, 0, none, nz, hs, 0.0, np.zeros(n * L), perm, L, ch, A, lu.nnz, 16,
+                     *lu.solve_ops(), b.reshape(-1), none, nz, np.zeros(n * L), False)
+        np.testing.assert_allclose(K[0].reshape(b.shape), refx, rtol=1e-12, atol=1e-12)
+        nt = -(-L // 16)
+        got[lu.storage] = (A.reshape(nt, lu.nnz, 16)[:, lu.position], x, xt, K[0])
+    for a, c in zip(got["pattern"], got["split"]):
+        assert np.array_equal(a, c)

@@ -241,6 +241,21 @@ def retarget(tape: Tape, dest) -> Tape | None:
     return Tape(code, tape.consts, nreg)
 
 
+def rename_stores(tape: Tape, slot) -> Tape:
+    """``tape`` with store ``k``'s target ``a`` written to ``slot[a]``
+    instead, every instruction kept in its place (unlike :func:`retarget`):
+    what is cut from or expanded out of the tape (the leaf's hoisted rows,
+    the mass-action expansion) then numbers everything as for ``tape``, so
+    the bits are ``tape``'s in every route. For a storage order of the same
+    slots (``slot`` a permutation)."""
+    slot = np.asarray(slot, dtype=np.int64)
+    code = tape.code.copy()
+    st = code[:, 0] == _OPC["store"]
+    code[st, 2] = slot[code[st, 2]]
+    code.setflags(write=False)
+    return Tape(code, tape.consts, tape.nreg)
+
+
 #: Instructions that read no register (their operand is an index).
 _LEAF = [_OPC[o] for o in ("const", "hoist", "param", "time", "idx", "lane_u", "lane_f")]
 

@@ -59,6 +59,15 @@ ATOL_FRACTION = 1e-6
 #: (below it a second thread costs more in start-up than it saves).
 AUTO_LANES_PER_THREAD = 1024
 
+#: Whether a leaf whose Jacobian is taped stores its iteration matrix with
+#: ``L`` and ``U`` apart (:class:`~esmjac.linalg.sparse_lu.SparseLaneLU`'s
+#: ``storage="split"``: both triangular sweeps of the stage solves stream
+#: forward through memory; the same bits). Read when a leaf is built
+#: (benchmarks and tests compare both). Generated-code Jacobians keep the
+#: pattern's order: their slot stores are compiled constants, and a second
+#: order would compile a second module per model.
+SPLIT = True
+
 #: A W-method lane's Jacobian serves at most this many accepted steps by
 #: default (``max_jac_age``), and its factorisation is kept — the step held
 #: at the factorisation's — while the controller proposes a step within
@@ -253,7 +262,15 @@ class RosenbrockLeaf:
             raise JacError("bad_option", f"step must be 'lane' (per-lane step size) or 'shared', not {step!r}")
         self.step = step
         info = plan.info
-        self._lu = SparseLaneLU(self.n_species, [tuple(x) for x in info["lu_pattern"]])
+        split_lu = SPLIT and jac.kernel.engine == "tape" and plan.kind == "lane"
+        self._lu = SparseLaneLU(self.n_species, [tuple(x) for x in info["lu_pattern"]],
+                                storage="split" if split_lu else "pattern")
+        #: The plan the leaf's Jacobian is written in: ``plan``'s slots in
+        #: the LU's storage order (:meth:`ScatterPlan.in_storage`: the one place
+        #: the Jacobian routes' target slots — the scatter's, the direct
+        #: stores' and zeroed slots of the lane tape, the fused tape and the
+        #: mass-action kernel — are permuted, once).
+        self.matrix_plan = plan if not split_lu else plan.in_storage(self._lu.position, self._lu.storage)
         self._perm, self._iperm = perm_arrays(tuple(info["ordering"]), self.n_species)
         self.tile = info.get("tile")
         self.p = self._params(p)
@@ -508,7 +525,7 @@ class RosenbrockLeaf:
             return sc
         unit = CHUNK if self.tile is None else int(self.tile)
         per = -(-L // nthreads)
-        hz = lane_hoist(self, self.plan) if self.hoist_rates else None
+        hz = lane_hoist(self, self.matrix_plan) if self.hoist_rates else None
         rows = 0 if hz is None else hz.rows
         cap = block_lanes(self.n_species, self._lu.nnz, self._tab.stages, len(self._program_forcing) + rows)
         per = -(-min(per, cap) // unit) * unit
@@ -522,7 +539,7 @@ class RosenbrockLeaf:
         # species: 1.1 GB at 10^4 cells, 11 GB at 10^5)
         steppers = []
         for c in [blocks[0][1]] * min(nthreads, len(blocks)):
-            b = BoundPrograms(self, self.p, 0.0, c, hoist=hz)
+            b = BoundPrograms(self, self.p, 0.0, c, self.matrix_plan, hoist=hz)
             steppers.append(LaneStepper(self._tab, self._lu, self._perm, self._iperm,
                                         len(self._program_forcing), ncd, c, self.tile, b.rhs, b.jac,
                                         self.step == "shared", self.compact,

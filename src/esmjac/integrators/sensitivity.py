@@ -130,12 +130,13 @@ def _sum_points(U, ptslot, perm, m, out):
 
 
 @numba.njit(**_JIT)
-def _adjoint_stages(lamP, lamN, acc, U, UND, JP, WJ, ptslot, direct, A, C, mv, hs, pr, pc, g, Wm, WA, nnz,
+def _adjoint_stages(lamP, lamN, acc, U, UND, JP, WJ, ptslot, direct, A, C, mv, hs, sq, pr, pc, g, Wm, WA, nnz,
                     n, m, piv_slot, fwd_ptr, fwd_slot, fwd_col, bwd_ptr, bwd_slot, bwd_col):
     """One recorded step's stages in reverse (all permuted, m lanes):
     u_i = W⁻ᵀ(m_i λ + acc_i); λ⁻ += J(Y_i)ᵀ u_i; acc_j += a_ij J(Y_i)ᵀu_i + (c_ij/h) u_i.
     ``JP`` in the Jacobian's tiles of ``WJ`` lanes, ``Wm`` (factored) in the
-    factorization's tiles of ``WA``.
+    factorization's tiles of ``WA``, both in the LU's storage order
+    (pattern entry ``q``, ``(pr_q, pc_q)``, in slot ``sq[q]``).
 
     A stage whose argument Y_i takes no a_ij K_j terms (rodas3's first two,
     both at y) needs J(Y_i)ᵀu_i only in the sum λ⁻: those u_i are summed per
@@ -166,7 +167,7 @@ def _adjoint_stages(lamP, lamN, acc, U, UND, JP, WJ, ptslot, direct, A, C, mv, h
         if direct[i]:
             for k in range(N):
                 g[k] = 0.0
-            _slot_madd_tiled(JP[ps], m, WJ, nnz, pr, pc, kap, g)
+            _slot_madd_tiled(JP[ps], m, WJ, nnz, sq, pr, pc, kap, g)
             for k in range(N):
                 lamN[k] += g[k]
             for j in range(i):
@@ -191,7 +192,7 @@ def _adjoint_stages(lamP, lamN, acc, U, UND, JP, WJ, ptslot, direct, A, C, mv, h
                     for l in range(m):
                         ajs[l] += ch[l] * ks[l]
     for p in range(UND.shape[0]):
-        _slot_madd_tiled(JP[p], m, WJ, nnz, pr, pc, UND[p], lamN)
+        _slot_madd_tiled(JP[p], m, WJ, nnz, sq, pr, pc, UND[p], lamN)
 
 
 @numba.njit(**_JIT)
@@ -226,17 +227,18 @@ def _slot_madd(D, m, pidx, tgt, P, out):
 
 
 @numba.njit(**_JIT)
-def _slot_madd_tiled(D, m, W, nnz, pidx, tgt, P, out):
-    """out[tgt_q] += P[pidx_q]·D_q per lane, q over the LU's slots, with
-    ``D`` in lane tiles of ``W`` (slot q of lane l at ((l // W)·nnz + q)·W +
-    l % W): Jᵀu on the Jacobian as the leaf stores it. Each lane adds the
-    same terms in the same order as :func:`_slot_madd` (the same bits;
-    ``W = m`` is that layout)."""
+def _slot_madd_tiled(D, m, W, nnz, sq, pidx, tgt, P, out):
+    """out[tgt_q] += P[pidx_q]·D[sq_q] per lane, q over the LU's pattern
+    entries in order (``sq``: their storage slots), with ``D`` in lane
+    tiles of ``W`` (slot s of lane l at ((l // W)·nnz + s)·W + l % W): Jᵀu
+    on the Jacobian as the leaf stores it. Each lane adds the same terms in
+    the same order as :func:`_slot_madd` (the same bits; ``W = m`` and
+    ``sq = 0, 1, …`` is that layout), whatever the storage order."""
     for t0 in range(0, m, W):
         r = min(W, m - t0)
         base = (t0 // W) * nnz * W
         for q in range(pidx.shape[0]):
-            d = D[base + q * W:base + q * W + r]
+            d = D[base + sq[q] * W:base + sq[q] * W + r]
             po = pidx[q] * m + t0
             p = P[po:po + r]
             oo = tgt[q] * m + t0
@@ -303,8 +305,9 @@ class Sensitivities:
     def __init__(self, leaf, wrt_parameters: bool):
         self.leaf = leaf
         self.jac = leaf.jac_program
-        # the replays store as the forward does: the leaf's tiled plan (J), the LU's tiles (W)
-        self.plan = leaf.plan
+        # the replays store as the forward does: the leaf's tiled plan in its LU's slot order (J),
+        # the LU's tiles (W)
+        self.plan = leaf.matrix_plan
         self.tile = leaf.tile
         self.sec = _Second(self.jac)
         self.jp = None
@@ -417,7 +420,7 @@ class Sensitivities:
         ad = {"pts": tuple(pts), "ptslot": np.array([pts.index(p) for p in self._point], np.int64),
               "direct": np.array([bool(np.any(A[i, :i] != 0.0)) for i in range(S)]),
               "A": A, "C": C, "mv": np.array(tab.m, dtype=np.float64),
-              "pr": np.ascontiguousarray(pat[:, 0]), "pc": np.ascontiguousarray(pat[:, 1]),
+              "pr": np.ascontiguousarray(pat[:, 0]), "pc": np.ascontiguousarray(pat[:, 1]), "sq": lu.position,
               "h_site": iperm[sec.site],
               "a_nz": tuple(LS.nonzero_terms(tab.a[i]) for i in range(S)),
               "c_nz": tuple(LS.nonzero_terms(tab.c[i]) for i in range(S))}
@@ -564,7 +567,7 @@ class Sensitivities:
             lamP, lamN = sc["lamP"], sc["lamN"]
             _gather_perm(lam, L, lanes, perm, m, lamP)
             _adjoint_stages(lamP, lamN, sc["acc"], sc["U"], sc["UND"], JP, WJ, ad["ptslot"], ad["direct"],
-                            ad["A"], ad["C"], ad["mv"], h, ad["pr"], ad["pc"], sc["g"], Wm, WA, nnz, n, m,
+                            ad["A"], ad["C"], ad["mv"], h, ad["sq"], ad["pr"], ad["pc"], sc["g"], Wm, WA, nnz, n, m,
                             *sops)
             P = sc["P"]
             _pair_products(sc["U"], K, ad["pa"], ad["pb"], m, P)

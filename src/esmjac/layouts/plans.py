@@ -305,6 +305,27 @@ class ScatterPlan:
             memo[key] = got
         return got
 
+    def in_storage(self, position: np.ndarray, name: str) -> "ScatterPlan":
+        """This lane plan with slot ``q`` stored at ``position[q]`` instead
+        (a permutation of the slots: e.g. a factorisation's own slot order,
+        :class:`~esmjac.linalg.sparse_lu.SparseLaneLU`'s ``storage``; its
+        ``name`` recorded as ``info["storage"]``). Every destination (``a``,
+        ``fa``, ``za``) is permuted here, once, and ``position`` is kept as
+        ``arrays["storage"]``: a program's direct tape of it is this plan's
+        with the stores renamed (the same instructions in the same order, so
+        the same bits). Not for a plan that has a storage order already."""
+        if self.kind != "lane" or "storage" in self.arrays:
+            raise JacError("bad_argument", "in_storage takes a lane plan in its own slot order")
+        pos = np.ascontiguousarray(position, dtype=_I)
+        nslots = int(self.info["slots_per_lane"])
+        if pos.shape != (nslots,) or not np.array_equal(np.sort(pos), np.arange(nslots)):
+            raise JacError("bad_argument", f"position must be a permutation of the plan's {nslots} slots")
+        arrays = {k: (pos[v] if k in ("a", "fa", "za") else v) for k, v in self.arrays.items()}
+        arrays["storage"] = pos
+        info = {**self.info, "storage": str(name)}
+        return ScatterPlan(self.fingerprint, self.layout, self.kind, frozen_arrays(arrays), frozen_arrays(info),
+                           self.lanes, _plan_key(self.layout, self.kind, self.lanes, info, arrays))
+
     #: The compressed (indptr, indices, shape) of a Csr or Csc plan.
     sparse_index = csr_index
 
@@ -439,11 +460,16 @@ def build_plan(prog, layout) -> ScatterPlan:
     else:
         raise JacError("bad_option", f"unknown layout {layout!r}; use LaneBlocks, LaneSparseBlocks, "
                        "ColumnBanded, Csr or Csc")
+    return ScatterPlan(prog.fingerprint, layout, kind, arrays, info, lanes, _plan_key(layout, kind, lanes, info, arrays))
+
+
+def _plan_key(layout, kind: str, lanes, info, arrays) -> str:
+    """A plan's content hash (layout, kind, lanes, info, arrays)."""
     h = hashlib.sha256(repr((layout.name, kind, lanes, sorted(info.items()))).encode())
     for k in sorted(arrays):
         h.update(k.encode())
         h.update(np.ascontiguousarray(arrays[k], dtype=_I).tobytes())
-    return ScatterPlan(prog.fingerprint, layout, kind, arrays, info, lanes, h.hexdigest())
+    return h.hexdigest()
 
 
 def _block_pattern(prog) -> tuple:

@@ -55,7 +55,7 @@ from numba.extending import intrinsic
 
 from ..errors import JacError
 
-__all__ = ["SparseLaneLU", "CHUNK", "VEC", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
+__all__ = ["SparseLaneLU", "STORAGES", "CHUNK", "VEC", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
            "rowdot", "rowdot2", "solve_lanes", "vaxpy", "vec_lanes", "vlin", "vset",
            "solve_transpose_lanes", "tiled_size"]
 
@@ -727,10 +727,13 @@ def factor_shifted_lanes(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_p
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv, mul_slot, upd_ptr,
-                          upd_tgt, upd_src, row_ptr, mrow_ptr, bad):
+                          upd_tgt, upd_src, row_run, mrow_ptr, bad):
     """``A = LU(I/(h_l γ) − J)`` for lanes ``l0 .. l0+m-1`` (inside one tile of
     ``A``), each row of the iteration matrix formed right before its
-    elimination: row ``i``'s slots (``row_ptr``) are copied from ``J``,
+    elimination: row ``i``'s slots (``row_run``: the same number ``r`` of
+    runs of slots per row, run ``g`` of row ``i`` is ``row_run[2k] ..
+    row_run[2k+1]``, ``k = r·i + g``; ``J`` stores its slots in ``A``'s
+    order) are copied from ``J``,
     shifted on the diagonal, then take their multipliers (``mrow_ptr``) and
     updates while they are in L1 — one pass over ``A`` instead of a copy
     pass and an elimination pass. Every slot sees the operations of
@@ -740,28 +743,29 @@ def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv
     ab = (l0 // WA) * nnz * WA + l0 % WA
     h = hs[l0:l0 + m]
     vec = m == VEC * 8 // A.itemsize and WA == m    # a whole vector tile (vec_lanes): vector ops
-    same = m == WA and WJ == WA and l0 % WA == 0  # J's tile is A's: a row is one contiguous run
+    # J's tile is A's, in whole groups of VEC lanes: a run of slots is one contiguous run of both
+    same = m == WA and WJ == WA and l0 % WA == 0 and WA % VEC == 0
+    nr = row_run.shape[0] // (2 * n)            # runs per row (a run-time count: one copy of the body)
     for i in range(n):
-        q0, q1 = row_ptr[i], row_ptr[i + 1]
-        if same:
-            a = A[ab + q0 * WA:ab + q1 * WA]
-            j = J[ab + q0 * WA:ab + q1 * WA]
-            for k in range((q1 - q0) * WA):
-                a[k] = -j[k]
-        l = l0 + m if same else l0
-        while l < l0 + m:                       # runs of lanes inside one tile of J
-            r = min(WJ - l % WJ, l0 + m - l)
-            jb = (l // WJ) * nnz * WJ + l % WJ
-            ao = ab + (l - l0)
-            if r == VEC:                        # a whole run of VEC lanes: one vector op per slot
-                _vnegrun(A, ao, WA, J, jb, WJ, q0, q1)
-            else:
-                for q in range(q0, q1):         # indexed, not sliced: a slice per slot is two atomics
-                    aq = ao + q * WA
-                    jq = jb + q * WJ
-                    for k in range(r):
-                        A[aq + k] = -J[jq + k]
-            l += r
+        for g in range(nr * i, nr * i + nr):
+            q0, q1 = row_run[2 * g], row_run[2 * g + 1]
+            if same:                            # vector ops along the run, no slice (a slice is two atomics)
+                for v in range(0, WA, VEC):
+                    _vnegrun(A, ab + v, WA, J, ab + v, WA, q0, q1)
+            l = l0 + m if same else l0
+            while l < l0 + m:                   # runs of lanes inside one tile of J
+                r = min(WJ - l % WJ, l0 + m - l)
+                jb = (l // WJ) * nnz * WJ + l % WJ
+                ao = ab + (l - l0)
+                if r == VEC:                    # a whole run of VEC lanes: one vector op per slot
+                    _vnegrun(A, ao, WA, J, jb, WJ, q0, q1)
+                else:
+                    for q in range(q0, q1):     # indexed, not sliced: a slice per slot is two atomics
+                        aq = ao + q * WA
+                        jq = jb + q * WJ
+                        for k in range(r):
+                            A[aq + k] = -J[jq + k]
+                l += r
         o = ab + piv_slot[i] * WA
         a = A[o:o + m]
         for k in range(m):
@@ -797,9 +801,9 @@ def _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def factor_shifted_rows(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_piv, mul_slot,
-                        upd_ptr, upd_tgt, upd_src, bad, row_ptr, mrow_ptr):
+                        upd_ptr, upd_tgt, upd_src, bad, row_run, mrow_ptr):
     """:func:`factor_shifted_lanes` with the iteration matrix formed row by row
-    inside the elimination (:func:`_factor_shifted_block`; ``row_ptr``,
+    inside the elimination (:func:`_factor_shifted_block`; ``row_run``,
     ``mrow_ptr``: :meth:`SparseLaneLU.row_ops`). The same bits. ``J`` may
     be ``A`` itself with ``WJ == WA``: the matrix is then formed in place
     (each row's slots negated where they lie, J overwritten)."""
@@ -807,7 +811,7 @@ def factor_shifted_rows(J, WJ, A, WA, hs, gamma, nnz, L, chunk, piv_slot, mul_pi
         l0, m = _block_of(c, L, WA, chunk)
         if m > 0:
             _factor_shifted_block(J, WJ, A, WA, hs, gamma, nnz, l0, m, piv_slot, mul_piv, mul_slot,
-                                  upd_ptr, upd_tgt, upd_src, row_ptr, mrow_ptr, bad)
+                                  upd_ptr, upd_tgt, upd_src, row_run, mrow_ptr, bad)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -889,6 +893,21 @@ def _as_pattern(n: int, lu_pattern: Sequence) -> tuple:
     return pat
 
 
+#: Slot storage orders of :class:`SparseLaneLU` (its ``storage``).
+STORAGES = ("pattern", "split")
+
+
+def _storage_order(storage: str, rows: list, slot: dict) -> list:
+    """The pattern index stored in each slot (see :class:`SparseLaneLU`)."""
+    if storage == "pattern":
+        return list(range(len(slot)))
+    n = len(rows)
+    order = [slot[(i, j)] for i in range(n) for j in rows[i] if j < i]
+    for i in range(n - 1, -1, -1):
+        order += [slot[(i, j)] for j in rows[i] if j > i] + [slot[(i, i)]]
+    return order
+
+
 class SparseLaneLU:
     """No-pivoting sparse LU of ``L`` lanes sharing one closed ``n×n`` pattern.
 
@@ -896,11 +915,25 @@ class SparseLaneLU:
     elimination order, containing every diagonal and closed under fill-in.
     After :meth:`factor` the slots hold the unit-lower ``L`` (strictly below
     the diagonal) and ``U`` (on and above it), KPP style.
+
+    ``storage`` is where each pattern entry's slot lies in a lane's storage:
+    ``"pattern"`` (default) slot ``q`` is the ``q``-th pattern entry (the
+    ``LaneSparseBlocks`` layout); ``"split"`` stores ``L`` and ``U`` apart,
+    each in the order its triangular solve reads it — first ``L``'s entries
+    row by row (the forward sweep's order), then for rows ``n-1`` down to
+    ``0`` each row's strict upper entries followed by its diagonal (the
+    backward sweep's) — so both sweeps stream forward through memory (the
+    stage solves' largest cost is reading the factor, four times per step).
+    :attr:`position` maps pattern entry ``q`` to its slot, :meth:`slot` and
+    :meth:`pack` give storage slots, and every op list holds storage slots:
+    each lane's arithmetic, and so its bits, is the same in either order.
     """
 
-    def __init__(self, n: int, lu_pattern: Sequence[tuple[int, int]]):
+    def __init__(self, n: int, lu_pattern: Sequence[tuple[int, int]], storage: str = "pattern"):
         pat = _as_pattern(n, lu_pattern)
         n = int(n)
+        if storage not in STORAGES:
+            raise JacError("bad_argument", f"storage must be one of {STORAGES}, got {storage!r}")
         slot = {rc: q for q, rc in enumerate(pat)}
         for i in range(n):
             if (i, i) not in slot:
@@ -910,6 +943,11 @@ class SparseLaneLU:
         for r, c in pat:
             rows[r].append(c)
             cols[c].append(r)
+        # where each pattern entry is stored (pattern index -> storage slot)
+        order = _storage_order(storage, rows, slot)
+        pos = np.empty(len(pat), np.int64)
+        pos[np.asarray(order, dtype=np.int64)] = np.arange(len(pat))
+        slot = {rc: int(pos[q]) for rc, q in slot.items()}
 
         # Row-oriented elimination (IKJ, Doolittle): for each row i, for each
         # k < i in its pattern (increasing), the multiplier a_ik /= u_kk and
@@ -963,8 +1001,25 @@ class SparseLaneLU:
         self.nnz = len(pat)
         self._slot = slot
         self.diag_slots = i64([slot[(i, i)] for i in range(n)])
-        # slots of row i: row_ptr[i] .. row_ptr[i+1] (the pattern is sorted by row)
-        self._row_ptr = i64(np.searchsorted(np.array([r for r, _ in pat], dtype=np.int64), np.arange(n + 1)))
+        self.storage = storage
+        self.position = i64(pos)
+        self._order = i64(order)                # the pattern entry at each storage slot
+        # the slots of row i as two runs of storage slots (row_run[4i] ..
+        # row_run[4i+1], row_run[4i+2] .. row_run[4i+3]): pattern storage, the
+        # row (the pattern is sorted by row) and nothing; split, its L part and
+        # its U part with the diagonal
+        run = []
+        for i in range(n):
+            lo = [slot[(i, j)] for j in rows[i] if j < i]
+            hi = [slot[(i, j)] for j in rows[i] if j >= i]
+            if storage == "pattern":
+                lo, hi = lo + hi, []
+            for part in (lo, hi):
+                a = min(part) if part else 0
+                if sorted(part) != list(range(a, a + len(part))):
+                    raise JacError("internal_error", f"row {i}'s slots are not one run in {storage} storage")
+                run += [a, a + len(part)]
+        self._row_run = i64(run)
         self._mrow_ptr = i64(mrow_ptr)
         self._mul_piv, self._mul_slot = i64(mul_piv), i64(mul_slot)
         self._upd_ptr, self._upd_tgt, self._upd_src = i64(upd_ptr), i64(upd_tgt), i64(upd_src)
@@ -972,8 +1027,8 @@ class SparseLaneLU:
         self._bwd_ptr, self._bwd_slot, self._bwd_col = i64(bwd_ptr), i64(bwd_slot), i64(bwd_col)
         for a in (self.diag_slots, self._mul_piv, self._mul_slot, self._upd_ptr,
                   self._upd_tgt, self._upd_src, self._fwd_ptr, self._fwd_slot,
-                  self._fwd_col, self._bwd_ptr, self._bwd_slot, self._bwd_col, self._row_ptr,
-                  self._mrow_ptr):
+                  self._fwd_col, self._bwd_ptr, self._bwd_slot, self._bwd_col, self._row_run,
+                  self._mrow_ptr, self.position, self._order):
             a.setflags(write=False)
 
     # -- bookkeeping -------------------------------------------------------
@@ -985,16 +1040,18 @@ class SparseLaneLU:
         return fac, sol
 
     def slot(self, r: int, c: int) -> int:
-        """The slot index of ``(r, c)``; ``KeyError`` if it is not in the pattern."""
+        """The storage slot of ``(r, c)`` (its pattern index in ``"pattern"``
+        storage); ``KeyError`` if it is not in the pattern."""
         return self._slot[(r, c)]
 
     def pack(self, dense: np.ndarray) -> np.ndarray:
-        """Slots of a ``(L, n, n)`` stack of dense matrices (off-pattern ignored)."""
+        """Slots of a ``(L, n, n)`` stack of dense matrices in this LU's
+        storage order, untiled (off-pattern ignored)."""
         d = np.asarray(dense)
         if d.ndim != 3 or d.shape[1:] != (self.n, self.n):
             raise JacError("bad_argument", f"pack wants shape (L, {self.n}, {self.n}), got {d.shape}")
-        r = np.fromiter((rc[0] for rc in self.pattern), np.int64, self.nnz)
-        c = np.fromiter((rc[1] for rc in self.pattern), np.int64, self.nnz)
+        r = np.fromiter((self.pattern[q][0] for q in self._order), np.int64, self.nnz)
+        c = np.fromiter((self.pattern[q][1] for q in self._order), np.int64, self.nnz)
         return np.ascontiguousarray(d[:, r, c].T).reshape(-1)
 
     # -- validation --------------------------------------------------------
@@ -1073,9 +1130,9 @@ class SparseLaneLU:
                 self._upd_tgt, self._upd_src)
 
     def row_ops(self) -> tuple:
-        """``(row_ptr, mrow_ptr)``: each row's slots and multipliers, for
-        :func:`factor_shifted_rows` (after ``factor_ops()``)."""
-        return self._row_ptr, self._mrow_ptr
+        """``(row_run, mrow_ptr)``: each row's slots (two runs) and
+        multipliers, for :func:`factor_shifted_rows` (after ``factor_ops()``)."""
+        return self._row_run, self._mrow_ptr
 
     def solve_ops(self) -> tuple:
         """The triangular solves' op arrays in ``solve_lanes``' argument order."""

@@ -31,6 +31,7 @@ from ..calculus.bandset import BandSet, check_options
 from ..calculus import JacEntry
 from ..calculus.bands import Band
 from ..compile.engine import ENGINE_OPTIONS, FusedTape, Kernel, compile_doc, fused_tape
+from ..compile.tape import rename_stores
 from ..compile.evaldoc import EvalDoc, Field, jacobian_doc, rhs_doc
 from ..errors import JacError, typed_errors
 from ..limits import lane_count
@@ -661,7 +662,19 @@ class JacobianProgram(_Product, _Base):
         memo = (self.fingerprint, plan.key, "tape")
         k = _FUSED.get(memo)
         if k is None:
-            k = _FUSED[memo] = fused_tape(self.doc, plan.arrays["fa"], plan.arrays["za"], self.kernel)
+            a = plan.arrays
+            pos = a.get("storage")
+            if pos is None:
+                k = fused_tape(self.doc, a["fa"], a["za"], self.kernel)
+            else:
+                # a plan in another slot order (ScatterPlan.in_storage): the tape of
+                # its own order with the stores renamed, every instruction in place,
+                # so what is cut from it (hoisted rows, the mass-action expansion)
+                # and so every value is that plan's, bit for bit
+                own = np.argsort(pos)
+                ft = fused_tape(self.doc, own[a["fa"]], own[a["za"]], self.kernel)
+                k = FusedTape(ft.prologue, rename_stores(ft.body, pos), readonly(np.ascontiguousarray(a["za"])))
+            _FUSED[memo] = k
         return k
 
     def _run_fused(self, plan, u, p, t, f, out, ws, L) -> int | None:
