@@ -277,6 +277,7 @@ def test_split_storage_layout_and_in_place_factor_and_solves_match_dense():
         K = np.zeros((1, n * L))
         ch, none, nz = np.zeros(L), np.zeros(0, np.int64), np.zeros(0)
         perm = np.arange(n, dtype=np.int64)
+        perm.setflags(write=False)                                      # as perm_arrays gives it: one flavour
         _stage_solve(b.reshape(-1), K, 0, none, nz, hs, 0.0, np.zeros(n * L), perm, L, ch, A, lu.nnz, 16,
                      *lu.solve_ops(), b.reshape(-1), none, nz, np.zeros(n * L), False)
         np.testing.assert_allclose(K[0].reshape(b.shape), refx, rtol=1e-12, atol=1e-12)
