@@ -53,6 +53,46 @@ def test_a_step_across_a_pole_fails_the_lane(leaf):
     np.testing.assert_allclose(u[2:], u0[2:] / (1 - u0[2:] * 3.0), rtol=1e-4)
 
 
+def test_a_w_leaf_never_lands_past_a_pole():
+    """ROS34PW2 keeping its Jacobians as long as it can (where a guard hit
+    on a kept Jacobian is a rejection, not a failure): the pole lanes still
+    fail (here its steps shrink to underflow at the pole), on the + branch."""
+    from esmjac.adapters.native import rosenbrock
+    lf = rosenbrock(_square(4), method="ros34pw2", rtol=1e-6, threads=1, max_jac_age=10_000, hold=(0.5, 4.0))
+    u0 = np.array([1.0, 0.5, -1.0, -0.25])
+    u = u0.copy()
+    st = lf.advance(u, 0.0, 3.0)
+    assert st.status[0] != 0 and st.status[1] != 0, st.message
+    assert np.all(u[:2] > 1e6) and np.all(st.t[:2] < 1.001 / u0[:2])
+    assert np.all(st.status[2:] == 0) and np.all(st.t[2:] == 3.0)
+    np.testing.assert_allclose(u[2:], u0[2:] / (1 - u0[2:] * 3.0), rtol=1e-4)
+
+
+def test_a_guard_hit_fails_the_lane_only_on_a_fresh_jacobian():
+    """The guards' decision, lane by lane (lanestep._apply_guard): a hit on a
+    step that would be accepted fails the lane (its status the hit's code)
+    when the step's Jacobian was evaluated at its own state — new in this
+    attempt (newj 1; always so for Rodas3) or after a rejection at the same
+    state (jage 0) — and is a rejection (error far above 1) when the
+    Jacobian was kept from an earlier accepted state (newj 0, jage > 0)."""
+    from esmjac.integrators import lanestep
+    m = 6
+    code = np.array([6, 6, 7, 8, 6, 0], np.int8)
+    newj = np.array([1, 0, 0, 0, 0, 0], np.int8)
+    jage = np.array([3, 0, 2, 1, 5, 4], np.int64)
+    err = np.array([0.5, 0.9, 1.0, 0.2, 1.5, 0.3])
+    bad, done = np.full(m, -1, np.int64), np.zeros(m, np.int8)
+    idx = np.arange(m, dtype=np.int64)
+    status = np.full(m, -1, np.int8)
+    st_h, st_t = np.zeros(m), np.zeros(m)
+    t, hs = np.linspace(1.0, 2.0, m), np.full(m, 0.25)
+    nfail = lanestep._apply_guard(code, m, err, bad, done, idx, status, st_h, st_t, t, hs, newj, jage)
+    assert nfail == 2 and list(done) == [1, 1, 0, 0, 0, 0]
+    assert list(status[:2]) == [6, 6] and np.all(status[2:] == -1)
+    assert err[2] > 1e299 and err[3] > 1e299                 # kept Jacobians: rejected
+    assert list(err[[0, 1, 4, 5]]) == [0.5, 0.9, 1.5, 0.3]      # (lane 4 is rejected by its error anyway)
+
+
 def test_the_growth_bound_and_non_negativity_are_user_settable():
     from esmjac.adapters.native import rosenbrock
     u0 = np.array([1.0, 0.5, -1.0, -0.25])

@@ -122,6 +122,7 @@ def test_rodas3_loses_its_order_with_a_frozen_jacobian():
 # The leaf with method="ros34pw2": per-lane Jacobian and LU reuse
 # ---------------------------------------------------------------------------
 
+import inspect  # noqa: E402
 import json  # noqa: E402
 
 from esmjac.adapters.native import rosenbrock  # noqa: E402
@@ -227,6 +228,72 @@ def test_w_leaf_lane_alone_equals_lane_in_batch_bitwise(doc8):
         assert np.array_equal(cols(w2, L), cols(v, L)[:, perm])
         assert np.array_equal(s2.ndec, ndec[perm]) and np.array_equal(s2.njev, njev[perm])
         other.close()
+
+
+class _GuardLog:
+    """Wraps ``lanestep._finish`` (looked up as a global by the stepper on every
+    attempt): every guard hit on an otherwise accepted step, as ``(lane,
+    code, jacobian kept, failed)`` — kept: evaluated at an earlier accepted
+    state (``newj`` 0, ``jage`` > 0), the W-method's reuse."""
+
+    def __init__(self, monkeypatch):
+        real = lanestep._finish
+        names = list(inspect.signature(real.py_func).parameters)
+        self.hits: list = []
+
+        def fin(*a):
+            b = dict(zip(names, a))
+            m = b["m"]
+            kept = (b["newj"][:m] == 0) & (b.get("jage", np.zeros(m, np.int64))[:m] > 0)
+            live = b["done"][:m] == 0
+            r = real(*a)
+            for l in np.flatnonzero(live & (b["code"][:m] != 0) & (b["bad"][:m] < 0)):
+                g = int(b["idx"][l])
+                failed = bool(b["done"][l] != 0 and b["st_status"][g] == b["code"][l])
+                if failed or b["err"][l] > 1e299:         # failed, or refused as an error far above 1
+                    self.hits.append((g, int(b["code"][l]), bool(kept[l]), failed))
+            return r
+
+        monkeypatch.setattr(lanestep, "_finish", fin)
+
+
+def _overshoot_lanes(lf):
+    """Lanes on which a step on a kept Jacobian overshoots a species across
+    zero within its error test (found on a tropo12 grid with states spread
+    by 10^U(-2, 2) more: before the fix these failed as pole crossings)."""
+    L = 2000
+    u, fj = _grid(lf, L, 0)
+    u = (u.reshape(NS, L) * 10 ** np.random.default_rng(100).uniform(-2, 2, (NS, L))).reshape(-1)
+    lanes = [302, 1830, 0]
+    return np.ascontiguousarray(u.reshape(NS, L)[:, lanes]).reshape(-1), fj[lanes].copy()
+
+
+def test_a_guard_hit_on_a_kept_jacobian_is_a_rejection_not_a_failure(doc8, monkeypatch):
+    """A W step on a kept Jacobian that turns a growing species negative (a
+    guard hit, status 6 before) is rejected and retried on a fresh Jacobian:
+    the lane completes, on the tight Radau solution. Rodas3 on the same lanes
+    (its Jacobian is always fresh) completes too."""
+    lf = rosenbrock(doc8, method="ros34pw2", rtol=1e-3, threads=1)
+    u, fj = _overshoot_lanes(lf)
+    L = fj.size
+    yr = _radau(lf, u, fj, L)
+    log = _GuardLog(monkeypatch)
+    v = u.copy()
+    st = lf.advance(v, 0.0, DT, forcing=fj)
+    assert st.success, st.message
+    # the guard fired on a kept Jacobian (the case), and no lane failed
+    assert {g for g, code, kept, failed in log.hits if kept and not failed} >= {0, 1}, log.hits
+    assert not any(failed for *_, failed in log.hits)
+    big = np.abs(yr) > 1e3 * np.repeat(lf.atol, L)
+    rel = np.abs(v - yr)[big] / np.abs(yr[big])
+    assert rel.max() < 2e-2, rel.max()
+    w = u.copy()
+    assert rosenbrock(doc8, rtol=1e-3, threads=1).advance(w, 0.0, DT, forcing=fj).success
+    # a lane alone is the lane in the batch, bitwise (the rejection is the lane's own)
+    for l in range(L):
+        a = np.ascontiguousarray(u.reshape(NS, L)[:, l])
+        s1 = lf.advance(a, 0.0, DT, forcing=fj[l:l + 1])
+        assert np.array_equal(a, v.reshape(NS, L)[:, l]) and s1.nsteps[0] == st.nsteps[l]
 
 
 def test_w_leaf_option_refusals(doc8):

@@ -32,6 +32,14 @@ went through infinity: status 6), grows past ``max_abs`` (status 7), or —
 with ``nonnegative`` and without ``clip_negative`` — turns negative
 (status 8). (CVODE on the same problem shrinks its step towards the pole
 until its error test fails repeatedly: a failure, not a wrong branch.)
+Only a step on a Jacobian evaluated at its own starting state fails the
+lane: a W-method step on a *kept* Jacobian (evaluated at an earlier
+accepted state) that trips a guard may be the stale matrix's overshoot, not
+a pole, so it is rejected instead — its step shrunk by ``_FAC_MIN``, as for
+an error far above tolerance, and the next attempt evaluated on a fresh
+Jacobian and factorisation (:func:`_reuse_plan` after a rejection); a hit
+on that one fails the lane as above. (Rodas3 never keeps a Jacobian: its
+guards are unchanged.)
 
 ``step="shared"`` runs the same engine with the error norm maximised over
 the active lanes, which keeps all lanes in lock-step (for comparison).
@@ -88,6 +96,10 @@ RUNNING = -1
 # singular iteration matrix halves h.
 _FAC_SAFE, _FAC_MIN, _FAC_MAX, _FAC_REJ = 0.9, 0.2, 6.0, 0.1
 _EPS = float(np.finfo(np.float64).eps)
+# The error norm a guard hit on a kept (W-method) Jacobian is given: finite
+# (not status 4's inf) and far above 1, so _control rejects the step with
+# the largest shrink of its rule (_FAC_MIN; _FAC_REJ after two in a row).
+_GUARD_REJECT_ERR = 1e300
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -403,13 +415,21 @@ def _err_guard(Y, Ynew, F0, K, idx, val, atol, rtol, iperm, n, m, err, eb, code,
 
 
 @numba.njit(**_JIT)
-def _apply_guard(code, m, err, bad, done, idx, st_status, st_h, st_t, t, hs):
+def _apply_guard(code, m, err, bad, done, idx, st_status, st_h, st_t, t, hs, newj, jage):
     """Fail (status ``code[l]``, see the module docstring) every lane whose step
     would be accepted (``err <= 1``, factorization regular) but crosses a
-    singularity; returns how many. The lane keeps its last accepted state."""
+    singularity; returns how many. The lane keeps its last accepted state.
+
+    A lane whose step ran on a kept Jacobian (``newj`` 0 and ``jage`` > 0:
+    evaluated at an earlier accepted state; only a W-method's reuse) is not
+    failed: its ``err`` is set to ``_GUARD_REJECT_ERR``, so the step is
+    rejected and the lane's next attempt evaluates a fresh Jacobian."""
     nfail = 0
     for l in range(m):
         if done[l] != 0 or bad[l] >= 0 or not err[l] <= 1.0 or code[l] == 0:
+            continue
+        if newj[l] == 0 and jage[l] > 0:
+            err[l] = _GUARD_REJECT_ERR
             continue
         g = idx[l]
         st_status[g] = code[l]
@@ -422,25 +442,29 @@ def _apply_guard(code, m, err, bad, done, idx, st_status, st_h, st_t, t, hs):
 
 @numba.njit(**_JIT)
 def _check_step(Y, Ynew, F0, K, eidx, eval_, atol, rtol, iperm, n, m, err, eb, code, max_abs, nonneg,
-                shared, bad, done, idx, st_status, st_h, st_t, t, hs):
+                shared, bad, done, idx, st_status, st_h, st_t, t, hs, newj, jage):
     """The attempt's error norms (maximised over lanes for a shared step) and
     its singularity guards (:func:`_err_guard`, :func:`_apply_guard`);
-    returns how many lanes the guards failed."""
+    returns how many lanes the guards failed. A shared step is maximised
+    again after the guards: a lane's guard rejection rejects all (lock-step)."""
     _err_guard(Y, Ynew, F0, K, eidx, eval_, atol, rtol, iperm, n, m, err, eb, code, max_abs, nonneg)
     if shared:
         _shared_max(err, m)
-    return _apply_guard(code, m, err, bad, done, idx, st_status, st_h, st_t, t, hs)
+    nfail = _apply_guard(code, m, err, bad, done, idx, st_status, st_h, st_t, t, hs, newj, jage)
+    if shared:
+        _shared_max(err, m)
+    return nfail
 
 
 @numba.njit(**_JIT)
 def _finish(Y, Ynew, F0, K, eidx, eval_, atol, rtol, iperm, n, m, err, eb, code, max_abs, nonneg,
             shared, bad, done, idx, t, hs, J, nnz, W, last, h, tend, span, rl, rm, crej, nonfin,
-            elo, max_steps, max_rejects, clip, nfev_step, newj, newlu,
+            elo, max_steps, max_rejects, clip, nfev_step, newj, newlu, jage,
             st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_ndec, st_h, st_t, acc):
     """The end of an attempt in one compiled call: :func:`_check_step`, then
     :func:`_control`; returns how many lanes finished (guards included)."""
     nguard = _check_step(Y, Ynew, F0, K, eidx, eval_, atol, rtol, iperm, n, m, err, eb, code, max_abs,
-                         nonneg, shared, bad, done, idx, st_status, st_h, st_t, t, hs)
+                         nonneg, shared, bad, done, idx, st_status, st_h, st_t, t, hs, newj, jage)
     return nguard + _control(Y, Ynew, n, m, err, bad, J, nnz, W, hs, last, t, h, tend, span, rl, rm, crej,
                              nonfin, done, idx, elo, max_steps, max_rejects, clip, nfev_step, newj, newlu,
                              st_status, st_steps, st_acc, st_rej, st_nfev, st_njev, st_ndec, st_h, st_t, acc)
@@ -857,8 +881,10 @@ class LaneStepper:
         self.acc = _buf(C, i8)                    # _control's accepted-lane flags
         self.gcode = _buf(C, i8)                  # _err_guard's per-lane guard codes
         self.newj, self.newlu = _buf(C, i8, fill=1), _buf(C, i8, fill=1)    # this attempt's new J / LU
+        # accepted steps on each lane's Jacobian (the guards read it; 0 without reuse: never kept)
+        self.jage = _buf(C, i64, fill=0)
         if reuse is not None:
-            self.jage, self.hlu = _buf(C, i64), _buf(C)
+            self.hlu = _buf(C)
             self.selj, self.sellu = _buf(C, i64), _buf(C, i64)
             self.ar = np.arange(C, dtype=i64)
             self.Ysub = _buf(n * C)
@@ -1046,12 +1072,12 @@ class LaneStepper:
                                 self.err, self.eb, self.gcode, mx, nonneg, self.shared, self.bad, self.done, idx,
                                 t, hs, self.J, lu.nnz, W, self.last, h, tend, span, self.rl, self.rm, self.crej,
                                 self.nonfin, tab.elo, max_steps, max_rejects, clip, nfev_step, self.newj,
-                                self.newlu, st.status, st.nsteps, st.naccept, st.nreject, st.nfev, st.njev,
+                                self.newlu, self.jage, st.status, st.nsteps, st.naccept, st.nreject, st.nfev, st.njev,
                                 st.ndec, st.h, st.t, self.acc)
             else:
                 ndone = _check_step(Y, Ynew, F0, K, self.e_nz[0], self.e_nz[1], atol, rtol, self.iperm, n, m,
                                     self.err, self.eb, self.gcode, mx, nonneg, self.shared, self.bad, self.done,
-                                    idx, st.status, st.h, st.t, t, hs)
+                                    idx, st.status, st.h, st.t, t, hs, self.newj, self.jage)
                 acc = np.flatnonzero((self.bad[:m] < 0) & (self.err[:m] <= 1.0) & (self.done[:m] == 0))
                 if acc.size:
                     # fresh: the lane's Jacobian was evaluated at this step's state

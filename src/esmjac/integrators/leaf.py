@@ -1129,6 +1129,9 @@ def rosenbrock(source: Any, *, model: str | None = None, p=None, forcing=None, m
         bound). A lane never crosses a singularity silently: a step across
         a pole (a species changing sign while its derivative drove it away
         from zero) fails the lane (status 6; lanestep's module docstring).
+        With a W-method, a step on a kept Jacobian that trips one of these
+        guards (6, 7, 8) is rejected and retried on a fresh Jacobian; only
+        a hit on a fresh one fails the lane.
     negative : str
         What a negative concentration does to a lane: ``"allow"`` (default:
         nothing), ``"fail"`` (the lane fails at its last accepted state,
