@@ -56,7 +56,7 @@ from numba.extending import intrinsic
 from ..errors import JacError
 
 __all__ = ["SparseLaneLU", "STORAGES", "CHUNK", "VEC", "factor_lanes", "factor_shifted_lanes", "factor_shifted_rows",
-           "rowdot", "rowdot2", "solve_lanes", "vaxpy", "vec_lanes", "vlin", "vset",
+           "rowdot", "rowdot2", "solve_lanes", "vec_lanes", "vlin",
            "solve_transpose_lanes", "tiled_size"]
 
 #: Lanes per parallel work item. Fixed (not derived from the thread count) so
@@ -253,60 +253,11 @@ def _vec_loop(context, builder, nv, body):
 
 
 @intrinsic
-def vset(typingctx, o, oo, x, xo, nv):
-    """``o[oo : oo+nv*VEC] = x[xo : xo+nv*VEC]`` (``nv`` whole groups of VEC lanes)."""
-    sig = types.void(o, oo, x, xo, nv)
-
-    def codegen(context, builder, signature, args):
-        ot, _, xt, _, _ = signature.args
-        o_, oo_, x_, xo_, nv_ = args
-        vo = ir.VectorType(context.get_value_type(ot.dtype), VEC)
-        vx = ir.VectorType(context.get_value_type(xt.dtype), VEC)
-
-        def body(k):
-            v = _vload(builder, _vptr(context, builder, xt, x_, builder.add(xo_, k), vx), xt.dtype.bitwidth // 8)
-            if ot.dtype != xt.dtype:
-                v = builder.fpext(v, vo)
-            _vstore(builder, v, _vptr(context, builder, ot, o_, builder.add(oo_, k), vo), ot.dtype.bitwidth // 8)
-        _vec_loop(context, builder, nv_, body)
-        return context.get_dummy_value()
-    return sig, codegen
-
-
-@intrinsic
-def vaxpy(typingctx, o, oo, c, co, x, xo, nv):
-    """``o[oo+l] += c[co+l] * x[xo+l]`` for ``l < nv*VEC`` (``c`` an array
-    of per-lane factors, or one scalar); ``fmul`` then ``fadd``, no
-    contraction: the bits of the scalar loop. All float64."""
-    sig = types.void(o, oo, c, co, x, xo, nv)
-    scalar = isinstance(c, types.Float)
-
-    def codegen(context, builder, signature, args):
-        ot = signature.args[0]
-        ct, xt = signature.args[2], signature.args[4]
-        o_, oo_, c_, co_, x_, xo_, nv_ = args
-        vt = ir.VectorType(context.get_value_type(ot.dtype), VEC)
-        al = ot.dtype.bitwidth // 8
-        if scalar:
-            cs = builder.insert_element(ir.Constant(vt, ir.Undefined), c_, ir.IntType(32)(0))
-            cs = builder.shuffle_vector(cs, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), VEC), [0] * VEC))
-
-        def body(k):
-            op = _vptr(context, builder, ot, o_, builder.add(oo_, k), vt)
-            cv = cs if scalar else _vload(builder, _vptr(context, builder, ct, c_, builder.add(co_, k), vt), al)
-            xv = _vload(builder, _vptr(context, builder, xt, x_, builder.add(xo_, k), vt), al)
-            _vstore(builder, builder.fadd(_vload(builder, op, al), builder.fmul(cv, xv)), op, al)
-        _vec_loop(context, builder, nv_, body)
-        return context.get_dummy_value()
-    return sig, codegen
-
-
-@intrinsic
 def vlin(typingctx, o, oo, x, xo, K, kidx, kro, c, cs, co, nv):
     """``o[oo+l] = x[xo+l] + Σ_p c_p[l] * K[kidx[p], kro+l]`` for ``l < nv*VEC``,
     the terms in order ``p = 0, 1, …`` (``fmul`` then ``fadd`` each, no
-    contraction: the bits of :func:`vset` followed by one :func:`vaxpy` per
-    term), the sum of each group of VEC lanes held in registers and stored
+    contraction: the bits of the scalar loop ``o = x`` then ``o += c_p·K_p``
+    per term), the sum of each group of VEC lanes held in registers and stored
     once. ``c_p[l]`` is ``c[p*cs + co + l]`` (per-lane factors) when
     ``cs > 0``, else the scalar ``c[p]`` for every lane. All float64; ``K``
     a C-contiguous 2-D array (its rows the stage vectors)."""
